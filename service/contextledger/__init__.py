@@ -1,0 +1,1 @@
+"""contextledger: an LLM agent's memory as an append-only event ledger in PostgreSQL."""
