@@ -1,1 +1,52 @@
-"""contextledger: an LLM agent's memory as an append-only event ledger in PostgreSQL."""
+"""contextledger: an LLM agent's memory as an append-only event ledger in PostgreSQL.
+
+Everything public is re-exported here; the modules behind it are private.
+"""
+
+from .errors import (
+    CheckpointNotFound,
+    CompactionError,
+    ConcurrencyError,
+    ConfigError,
+    ContextLedgerError,
+    IdempotencyConflict,
+    InvalidArgument,
+    InvalidMessage,
+    LedgerClosed,
+    LedgerUnavailable,
+    MigrationRequired,
+    SeqOutOfRange,
+    SessionExists,
+    SessionNotFound,
+)
+from .events import Event
+from .ledger.store import Checkpoint, RebuildReport, SessionInfo, VerifyReport
+from .session import Ledger, Session
+from .tokens import TokenCounter
+from .view import ViewItem
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointNotFound",
+    "CompactionError",
+    "ConcurrencyError",
+    "ConfigError",
+    "ContextLedgerError",
+    "Event",
+    "IdempotencyConflict",
+    "InvalidArgument",
+    "InvalidMessage",
+    "Ledger",
+    "LedgerClosed",
+    "LedgerUnavailable",
+    "MigrationRequired",
+    "RebuildReport",
+    "SeqOutOfRange",
+    "Session",
+    "SessionExists",
+    "SessionInfo",
+    "SessionNotFound",
+    "TokenCounter",
+    "VerifyReport",
+    "ViewItem",
+]

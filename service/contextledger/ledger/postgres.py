@@ -1,0 +1,441 @@
+"""The PostgreSQL store: asyncpg on the hot path, one round trip per message append.
+
+Appending a message is a single statement: a conditional ``UPDATE sessions ...
+WHERE head = seq - 1`` feeding the INSERTs of the event and its view and branch
+rows. If another writer advanced the head first, the UPDATE matches nothing, so
+nothing is inserted; we re-read the head and retry (or raise
+``ConcurrencyError`` when the caller pinned ``expected_seq``). Appends to
+different sessions touch different rows only: no table locks, no counters.
+
+Everything else (summaries, compactions, rollbacks, set_messages) is a cold
+path: one transaction that locks the session row, loads the view (O(view)),
+runs the pure ``advance`` and writes the difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import structlog
+
+from ..errors import (
+    ConcurrencyError,
+    IdempotencyConflict,
+    LedgerUnavailable,
+    MigrationRequired,
+    SessionExists,
+    SessionNotFound,
+)
+from ..events import (
+    GENESIS_HASH,
+    Event,
+    MessageAppended,
+    Payload,
+    SessionCreated,
+    decode,
+    make_event,
+)
+from ..messages import dumps
+from ..projection import State, fold, message_item
+from ..view import ORD_STRIDE, ViewItem
+from .dsn import asyncpg_dsn, redact
+from .store import (
+    AppendResult,
+    Checkpoint,
+    RebuildReport,
+    SessionInfo,
+    Store,
+    advance,
+    compare_rows,
+)
+
+log = structlog.get_logger(__name__)
+S = "contextledger"
+_RETRIES = 50
+
+APPEND_MESSAGE = f"""
+WITH s AS (
+    UPDATE {S}.sessions
+       SET head = $2, last_hash = $8, view_tokens = view_tokens + $5, view_count = view_count + 1
+     WHERE session_id = $1 AND head = $2 - 1
+ RETURNING view_tokens
+), e AS (
+    INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
+                            idempotency_key, hash)
+    SELECT $1, $2, 'message.appended', $3, $4::jsonb, $5, $6, $7, $8 FROM s
+), v AS (
+    INSERT INTO {S}.view_items (session_id, ord, seq, part, kind, message, tokens, critical)
+    SELECT $1, $2 * {ORD_STRIDE}, $2, 0, $10, $4::jsonb -> 'message', $5, $9 FROM s
+), b AS (
+    INSERT INTO {S}.branch_items (session_id, ord, seq, part)
+    SELECT $1, $2 * {ORD_STRIDE}, $2, 0 FROM s
+)
+SELECT view_tokens FROM s
+"""
+
+SESSION_COLUMNS = ("session_id, created_at, model, config::text, metadata::text, head, "
+                   "last_hash, view_tokens, view_count")
+VIEW_COLUMNS = "ord, seq, part, kind, message::text, tokens, critical"
+EVENT_COLUMNS = "seq, position, type, version, data::text, tokens, created_at, idempotency_key, hash"
+
+
+def _info(row: asyncpg.Record) -> SessionInfo:
+    return SessionInfo(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]),
+                       row[5], row[6], row[7], row[8])
+
+
+def _item(row: asyncpg.Record) -> ViewItem:
+    return ViewItem(ref=(row[1], row[2]), ord=row[0], message=json.loads(row[4]),
+                    tokens=row[5], critical=row[6], kind=row[3])
+
+
+def _event(session_id: str, row: asyncpg.Record) -> Event:
+    data = json.loads(row[4])
+    return Event(session_id, row[0], decode(row[2], row[3], data), row[6], row[8], row[5],
+                 row[7], row[1], data)
+
+
+class PostgresStore(Store):
+    kind = "postgres"
+
+    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
+        self._pool = pool
+        self._dsn = dsn
+        self._heads: dict[str, tuple[int, str]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @classmethod
+    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> PostgresStore:
+        try:
+            pool = await asyncpg.create_pool(
+                asyncpg_dsn(dsn), min_size=min_size, max_size=max_size,
+                server_settings={"application_name": "contextledger"},
+            )
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise LedgerUnavailable(f"cannot connect to {redact(dsn)}: {exc}") from exc
+        assert pool is not None
+        return cls(pool, dsn)
+
+    async def schema_revision(self) -> str | None:
+        try:
+            return await self._pool.fetchval(f"SELECT version_num FROM {S}.alembic_version")
+        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
+            return None
+
+    async def require_revision(self, head: str) -> None:
+        current = await self.schema_revision()
+        if current != head:
+            raise MigrationRequired(
+                f"the database at {redact(self._dsn)} is at schema revision {current!r}, this "
+                f"code needs {head!r}. Run `contextledger migrate --dsn '{redact(self._dsn)}'` "
+                "(or open the ledger with migrate=True).", current=current, required=head)
+
+    def _lock(self, session_id: str) -> asyncio.Lock:
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        return lock
+
+    # -- sessions ---------------------------------------------------------------------
+
+    async def create_session(
+        self, session_id: str, payload: SessionCreated, *, created_at: datetime
+    ) -> SessionInfo:
+        event = make_event(session_id, 1, payload, GENESIS_HASH, created_at=created_at)
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    f"INSERT INTO {S}.sessions (session_id, created_at, model, config, metadata,"
+                    " head, last_hash) VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, 1, $6)",
+                    session_id, created_at, payload.model, dumps(dict(payload.config)),
+                    dumps(dict(payload.metadata)), event.hash)
+                await conn.execute(
+                    f"INSERT INTO {S}.events (session_id, seq, type, version, data, tokens,"
+                    " created_at, hash) VALUES ($1, 1, $2, $3, $4::jsonb, 0, $5, $6)",
+                    session_id, event.type, event.version, dumps(event.payload.to_data()),
+                    created_at, event.hash)
+        except asyncpg.UniqueViolationError:
+            raise SessionExists(f"session {session_id!r} already exists",
+                                session_id=session_id) from None
+        self._heads[session_id] = (1, event.hash)
+        return SessionInfo(session_id, created_at, payload.model, payload.config,
+                           payload.metadata, 1, event.hash, 0, 0)
+
+    async def session_info(self, session_id: str) -> SessionInfo:
+        row = await self._pool.fetchrow(
+            f"SELECT {SESSION_COLUMNS} FROM {S}.sessions WHERE session_id = $1", session_id)
+        if row is None:
+            raise SessionNotFound(f"no session {session_id!r}", session_id=session_id)
+        info = _info(row)
+        self._heads[session_id] = (info.head, info.last_hash)
+        return info
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        rows = await self._pool.fetch(
+            f"SELECT {SESSION_COLUMNS} FROM {S}.sessions ORDER BY created_at, session_id")
+        return [_info(r) for r in rows]
+
+    # -- appends ----------------------------------------------------------------------
+
+    async def append(
+        self, session_id: str, payloads: Sequence[Payload], *, created_at: datetime,
+        expected_seq: int | None = None, idempotency_key: str | None = None,
+    ) -> AppendResult:
+        async with self._lock(session_id):
+            if len(payloads) == 1 and isinstance(payloads[0], MessageAppended):
+                return await self._append_message(session_id, payloads[0], created_at,
+                                                  expected_seq, idempotency_key)
+            return await self._append_general(session_id, payloads, created_at,
+                                              expected_seq, idempotency_key)
+
+    async def _head(self, session_id: str, *, fresh: bool = False) -> tuple[int, str]:
+        cached = None if fresh else self._heads.get(session_id)
+        if cached is None:
+            info = await self.session_info(session_id)
+            cached = (info.head, info.last_hash)
+        return cached
+
+    async def _append_message(
+        self, session_id: str, payload: MessageAppended, created_at: datetime,
+        expected_seq: int | None, key: str | None,
+    ) -> AppendResult:
+        data = payload.to_data()
+        data_json = dumps(data)
+        item = message_item(0, payload)
+        head, last_hash = await self._head(session_id)
+        for _ in range(_RETRIES):
+            if expected_seq is not None and expected_seq != head:
+                head, last_hash = await self._head(session_id, fresh=True)
+                if expected_seq != head:
+                    if key is not None and await self._pool.fetchval(
+                        f"SELECT 1 FROM {S}.events WHERE session_id = $1"
+                        " AND idempotency_key = $2", session_id, key):
+                        return await self._duplicate(session_id, key, data)
+                    raise ConcurrencyError(
+                        f"expected head {expected_seq}, session {session_id!r} is at {head}",
+                        expected_seq=expected_seq, head=head)
+            event = make_event(session_id, head + 1, payload, last_hash,
+                               created_at=created_at, idempotency_key=key)
+            try:
+                view_tokens = await self._pool.fetchval(
+                    APPEND_MESSAGE, session_id, event.seq, event.version, data_json,
+                    event.tokens, created_at, key, event.hash, payload.critical, item.kind)
+            except asyncpg.UniqueViolationError as exc:
+                if key is not None and "idempotency" in str(exc.constraint_name or ""):
+                    return await self._duplicate(session_id, key, data)
+                raise
+            except asyncpg.ForeignKeyViolationError:
+                raise SessionNotFound(f"no session {session_id!r}") from None
+            if view_tokens is not None:
+                self._heads[session_id] = (event.seq, event.hash)
+                return AppendResult((event.seq,), False, view_tokens)
+            # The head moved under us (another process) or the session is gone.
+            head, last_hash = await self._head(session_id, fresh=True)
+        raise ConcurrencyError(f"gave up appending to {session_id!r} after {_RETRIES} tries")
+
+    async def _duplicate(self, session_id: str, key: str, data: dict[str, Any]) -> AppendResult:
+        row = await self._pool.fetchrow(
+            f"SELECT seq, data::text FROM {S}.events WHERE session_id = $1"
+            " AND idempotency_key = $2", session_id, key)
+        assert row is not None
+        if json.loads(row[1]) != data:
+            raise IdempotencyConflict(
+                f"idempotency key {key!r} was used for a different event (seq {row[0]})",
+                seq=row[0])
+        tokens = await self._pool.fetchval(
+            f"SELECT view_tokens FROM {S}.sessions WHERE session_id = $1", session_id)
+        return AppendResult((row[0],), True, tokens)
+
+    async def _append_general(
+        self, session_id: str, payloads: Sequence[Payload], created_at: datetime,
+        expected_seq: int | None, key: str | None,
+    ) -> AppendResult:
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                f"SELECT head, last_hash, model, config::text FROM {S}.sessions"
+                " WHERE session_id = $1 FOR UPDATE", session_id)
+            if row is None:
+                raise SessionNotFound(f"no session {session_id!r}", session_id=session_id)
+            head, last_hash = row[0], row[1]
+            if key is not None:
+                dup = await conn.fetchrow(
+                    f"SELECT seq, data::text FROM {S}.events WHERE session_id = $1"
+                    " AND idempotency_key = $2", session_id, key)
+                if dup is not None:
+                    if json.loads(dup[1]) != payloads[-1].to_data():
+                        raise IdempotencyConflict(
+                            f"idempotency key {key!r} was used for a different event "
+                            f"(seq {dup[0]})", seq=dup[0])
+                    return AppendResult((dup[0],), True)
+            if expected_seq is not None and expected_seq != head:
+                raise ConcurrencyError(
+                    f"expected head {expected_seq}, session {session_id!r} is at {head}",
+                    expected_seq=expected_seq, head=head)
+            view = tuple(_item(r) for r in await conn.fetch(
+                f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 ORDER BY ord",
+                session_id))
+            state = State(head=head, view=view, model=row[2], config=json.loads(row[3]))
+            history: list[Event] | None = None
+
+            def state_at(seq: int) -> State:
+                assert history is not None
+                return fold(history, until=seq)
+
+            if any(p.TYPE == "session.rolled_back" for p in payloads):
+                history = [_event(session_id, r) for r in await conn.fetch(
+                    f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1 ORDER BY seq",
+                    session_id)]
+            step = advance(state, session_id, last_hash, payloads, created_at=created_at,
+                           idempotency_key=key, state_at=state_at if history else None)
+            await conn.executemany(
+                f"INSERT INTO {S}.events (session_id, seq, type, version, data, tokens,"
+                " created_at, idempotency_key, hash) VALUES ($1,$2,$3,$4,$5::jsonb,$6,$7,$8,$9)",
+                [(session_id, e.seq, e.type, e.version, dumps(e.payload.to_data()), e.tokens,
+                  e.created_at, e.idempotency_key, e.hash) for e in step.events])
+            await self._write_view(conn, session_id, view, step.state.view)
+            if step.branch_reset:
+                await conn.execute(f"DELETE FROM {S}.branch_items WHERE session_id = $1",
+                                   session_id)
+            if step.state.branch:
+                await conn.executemany(
+                    f"INSERT INTO {S}.branch_items (session_id, ord, seq, part)"
+                    " VALUES ($1, $2, $3, $4)",
+                    [(session_id, i.ord, i.ref[0], i.ref[1]) for i in step.state.branch])
+            last = step.events[-1]
+            await conn.execute(
+                f"UPDATE {S}.sessions SET head = $2, last_hash = $3, view_tokens = $4,"
+                " view_count = $5, config = $6::jsonb, model = $7 WHERE session_id = $1",
+                session_id, last.seq, last.hash, step.state.view_tokens, len(step.state.view),
+                dumps(dict(step.state.config)), step.state.model)
+        self._heads[session_id] = (last.seq, last.hash)
+        return AppendResult(tuple(e.seq for e in step.events), False, step.state.view_tokens)
+
+    @staticmethod
+    async def _write_view(
+        conn: asyncpg.Connection, session_id: str,
+        old: Sequence[ViewItem], new: Sequence[ViewItem],
+    ) -> None:
+        """Write the difference between two views (keyed by ord)."""
+        before = {i.ord: i for i in old}
+        after = {i.ord: i for i in new}
+        gone = [o for o, i in before.items() if after.get(o) != i]
+        fresh = [i for o, i in after.items() if before.get(o) != i]
+        if gone:
+            await conn.execute(
+                f"DELETE FROM {S}.view_items WHERE session_id = $1 AND ord = ANY($2::bigint[])",
+                session_id, gone)
+        if fresh:
+            await conn.executemany(
+                f"INSERT INTO {S}.view_items (session_id, ord, seq, part, kind, message, tokens,"
+                " critical) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)",
+                [(session_id, i.ord, i.ref[0], i.ref[1], i.kind, dumps(dict(i.message)),
+                  i.tokens, i.critical) for i in fresh])
+
+    # -- reads ------------------------------------------------------------------------
+
+    async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
+        rows = await self._pool.fetch(
+            f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 ORDER BY ord",
+            session_id)
+        if not rows:
+            await self.session_info(session_id)  # raises SessionNotFound
+        return tuple(_item(r) for r in rows)
+
+    async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
+        rows = await self._pool.fetch(
+            f"""SELECT (CASE WHEN e.type = 'messages.replaced'
+                             THEN e.data -> 'messages' -> b.part
+                             ELSE e.data -> 'message' END)::text
+                  FROM {S}.branch_items b
+                  JOIN {S}.events e ON e.session_id = b.session_id AND e.seq = b.seq
+                 WHERE b.session_id = $1 ORDER BY b.ord""", session_id)
+        if not rows:
+            await self.session_info(session_id)
+        return [json.loads(r[0]) for r in rows]
+
+    async def read_events(
+        self, session_id: str, from_seq: int = 1, to_seq: int | None = None, *,
+        page: int = 2000,
+    ) -> AsyncIterator[Event]:
+        upper = to_seq if to_seq is not None else 2**62
+        cursor = from_seq
+        while True:
+            rows = await self._pool.fetch(
+                f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1"
+                " AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
+                session_id, cursor, upper, page)
+            for row in rows:
+                yield _event(session_id, row)
+            if len(rows) < page:
+                return
+            cursor = rows[-1][0] + 1
+
+    async def checkpoints(self, session_id: str) -> list[Checkpoint]:
+        rows = await self._pool.fetch(
+            f"SELECT seq, data ->> 'label', created_at FROM {S}.events"
+            " WHERE session_id = $1 AND type = 'checkpoint.created' ORDER BY seq", session_id)
+        return [Checkpoint(r[0], r[1], r[2]) for r in rows]
+
+    async def rebuild(self, session_id: str, *, repair: bool = True) -> RebuildReport:
+        async with self._lock(session_id), self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                f"SELECT view_tokens, view_count FROM {S}.sessions WHERE session_id = $1"
+                " FOR UPDATE", session_id)
+            if row is None:
+                raise SessionNotFound(f"no session {session_id!r}", session_id=session_id)
+            events = [_event(session_id, r) for r in await conn.fetch(
+                f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1 ORDER BY seq",
+                session_id)]
+            expected = fold(events)
+            view = tuple(_item(r) for r in await conn.fetch(
+                f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 ORDER BY ord",
+                session_id))
+            branch = [(r[0], r[1], r[2]) for r in await conn.fetch(
+                f"SELECT ord, seq, part FROM {S}.branch_items WHERE session_id = $1 ORDER BY ord",
+                session_id)]
+            diffs = compare_rows(expected.view, view, "view")
+            if branch != [(i.ord, i.ref[0], i.ref[1]) for i in expected.branch]:
+                diffs.append(f"branch: {len(branch)} stored rows differ from the "
+                             f"{len(expected.branch)} expected")
+            if (row[0], row[1]) != (expected.view_tokens, len(expected.view)):
+                diffs.append(f"session totals: stored {row[0]} tokens / {row[1]} items, "
+                             f"expected {expected.view_tokens} / {len(expected.view)}")
+            if diffs and repair:
+                await conn.execute(f"DELETE FROM {S}.view_items WHERE session_id = $1",
+                                   session_id)
+                await conn.execute(f"DELETE FROM {S}.branch_items WHERE session_id = $1",
+                                   session_id)
+                await self._write_view(conn, session_id, (), expected.view)
+                await conn.executemany(
+                    f"INSERT INTO {S}.branch_items (session_id, ord, seq, part)"
+                    " VALUES ($1, $2, $3, $4)",
+                    [(session_id, i.ord, i.ref[0], i.ref[1]) for i in expected.branch])
+                await conn.execute(
+                    f"UPDATE {S}.sessions SET view_tokens = $2, view_count = $3"
+                    " WHERE session_id = $1", session_id, expected.view_tokens,
+                    len(expected.view))
+        if diffs:
+            log.warning("projection_rebuilt", session_id=session_id, differences=diffs,
+                        repaired=repair)
+        return RebuildReport(session_id, tuple(diffs), bool(diffs) and repair)
+
+    async def purge(self, session_id: str, reason: str) -> int:
+        """The audited purge path (see the migration): removes a session entirely."""
+        async with self._lock(session_id):
+            try:
+                n: int = await self._pool.fetchval(
+                    f"SELECT {S}.purge_session($1, $2)", session_id, reason)
+            except asyncpg.RaiseError as exc:
+                if "no session" in str(exc):
+                    raise SessionNotFound(f"no session {session_id!r}") from None
+                raise
+        self._heads.pop(session_id, None)
+        return n
+
+    async def close(self) -> None:
+        await self._pool.close()
