@@ -1,0 +1,26 @@
+# Shared by ops/*: find Python ≥ 3.11, create .venv if missing, install the project
+# with its extras when pyproject.toml changed. Sourced, not run.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export LITELLM_LOCAL_MODEL_COST_MAP=True HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+PY=""
+for candidate in python3.13 python3.12 python3.11 python3; do
+  if command -v "$candidate" >/dev/null 2>&1 &&
+     "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    PY="$candidate"; break
+  fi
+done
+[ -n "$PY" ] || { echo "contextledger needs Python >= 3.11" >&2; exit 1; }
+if [ ! -x .venv/bin/python ]; then
+  echo "· creating .venv with $($PY --version)" >&2
+  "$PY" -m venv .venv
+fi
+STAMP=.venv/.contextledger-installed
+WANT="$(cat pyproject.toml | sha256sum | cut -c1-16)"
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+  echo "· installing contextledger and its test extras into .venv (first run takes ~1 min)" >&2
+  .venv/bin/python -m pip install -q --upgrade pip >&2
+  .venv/bin/python -m pip install -q -e ".[test]" >&2
+  echo "$WANT" > "$STAMP"
+fi
