@@ -309,6 +309,9 @@ def make_event(
     session_id: str, seq: int, payload: Payload, prev_hash: str, *,
     created_at: datetime, idempotency_key: str | None = None,
 ) -> Event:
+    if created_at.tzinfo is None:
+        raise ValueError("created_at must be timezone-aware (a naive time hashes differently "
+                         "on machines in other time zones)")
     created = created_at
     tokens = payload_tokens(payload)
     digest = event_hash(

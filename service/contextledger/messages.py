@@ -79,7 +79,7 @@ def validate_message(message: Any) -> dict[str, Any]:
             f"a message must be a dict, not {type(message).__name__}", field="message"
         )
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise InvalidMessage(
             f"unknown role {role!r}; expected one of {sorted(ROLES)}", field="role"
         )
@@ -139,7 +139,7 @@ def _canonical_numbers(value: Any) -> Any:
         return value
     if isinstance(value, dict):
         return {k: _canonical_numbers(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return [_canonical_numbers(v) for v in value]
     return value
 

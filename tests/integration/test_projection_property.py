@@ -5,10 +5,11 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contextledger import Ledger
+from contextledger import InvalidArgument, Ledger
 from contextledger.projection import fold
 
 _ids = itertools.count()
@@ -44,11 +45,19 @@ async def run(ledger: Ledger, ops: list[Any]) -> None:
         elif kind == "rollback":
             await session.rollback(1 + int(step[1] * (session.head - 1)))
         elif kind == "summary":
-            seqs = sorted({i.seq for i in await session.view_items()})
+            view = await session.view_items()
+            seqs = sorted({i.seq for i in view})
             if seqs:
                 a, b = sorted((seqs[int(step[1] * (len(seqs) - 1))],
                                seqs[int(step[2] * (len(seqs) - 1))]))
-                await session.record_summary(a, b, f"summary of {a}..{b}")
+                covered = [n for n, i in enumerate(view) if a <= i.seq <= b]
+                if covered[-1] - covered[0] + 1 == len(covered):
+                    await session.record_summary(a, b, f"summary of {a}..{b}")
+                else:  # a range that would reorder the view is refused, nothing written
+                    head = session.head
+                    with pytest.raises(InvalidArgument, match="contiguous"):
+                        await session.record_summary(a, b, "reordering summary")
+                    assert session.head == head
     events = [e async for e in session.events()]
     assert [e.seq for e in events] == list(range(1, session.head + 1))
     folded = fold(events)
@@ -62,7 +71,7 @@ async def run(ledger: Ledger, ops: list[Any]) -> None:
     assert all(r.ok for r in await ledger.rebuild(session.session_id))
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=st.lists(op, max_size=25))
 async def test_inline_view_equals_fold_equals_view_at_head(ledger: Ledger, ops: list[Any]) -> None:

@@ -106,10 +106,16 @@ def _check_admissible(state: State, payload: Payload) -> None:
     elif isinstance(payload, SummaryRecorded):
         if payload.from_seq > payload.to_seq:
             raise InvalidArgument(f"summary range {payload.from_seq}..{payload.to_seq} is empty")
-        if not any(payload.from_seq <= i.seq <= payload.to_seq for i in state.view):
+        covered = [n for n, i in enumerate(state.view)
+                   if payload.from_seq <= i.seq <= payload.to_seq]
+        if not covered:
             raise InvalidArgument(
                 f"summary range {payload.from_seq}..{payload.to_seq} covers no item of the view"
             )
+        if covered[-1] - covered[0] + 1 != len(covered):
+            raise InvalidArgument(
+                f"summary range {payload.from_seq}..{payload.to_seq} is not contiguous in the "
+                "view (it would move the items it skips)")
     elif isinstance(payload, CompactionApplied):
         refs = {i.ref for i in state.view}
         missing = [r for r in (*payload.drop, *(p.ref for p in payload.prune)) if r not in refs]
@@ -133,6 +139,16 @@ def advance(
     (earlier ones, such as synthetic tool results, exist to make it valid).
     """
     events: list[Event] = []
+    #: States reached inside this batch: a rollback may target a seq written just before it.
+    reached: dict[int, State] = {}
+
+    def at(seq: int) -> State:
+        if seq in reached:
+            return reached[seq]
+        if state_at is None:
+            raise ValueError("a rollback needs the state as of its target (state_at)")
+        return state_at(seq)
+
     reset = False
     config: Mapping[str, Any] | None = None
     model_changed = False
@@ -142,7 +158,8 @@ def advance(
         event = make_event(session_id, state.head + 1, payload, prev_hash,
                            created_at=created_at, idempotency_key=key)
         before = state
-        state = apply(state, event, state_at)
+        state = apply(state, event, at)
+        reached[event.seq] = state
         if isinstance(payload, MessagesReplaced | SessionCleared | RolledBack):
             reset = True
         if state.config is not before.config:
