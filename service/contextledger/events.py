@@ -134,7 +134,10 @@ class RolledBack(Payload):
 
 @dataclass(frozen=True)
 class SummaryRecorded(Payload):
-    """One summary item replaces the view items whose seq lies in ``from_seq..to_seq``.
+    """One summary item replaces the view items whose position lies in ``from_seq..to_seq``.
+
+    An item's position is the seq of the message it stands for; a summary stands at
+    the first seq it covers (``ViewItem.position``), so ranges stay contiguous.
 
     ``audit`` holds what an auditor needs (model that answered, attempts, tokens
     before/after, prompt version, custom instructions, prior summary seq).

@@ -37,6 +37,13 @@ class ViewItem:
         return self.ref[0]
 
     @property
+    def position(self) -> int:
+        """The seq this item stands at in the view: its own, or for a summary the first
+        seq it covers. Summary ranges are ranges of positions, so a rolling summary can
+        cover the previous summary without also swallowing the turns after it."""
+        return self.ord // ORD_STRIDE
+
+    @property
     def role(self) -> str:
         return str(self.message.get("role", ""))
 

@@ -46,11 +46,11 @@ async def run(ledger: Ledger, ops: list[Any]) -> None:
             await session.rollback(1 + int(step[1] * (session.head - 1)))
         elif kind == "summary":
             view = await session.view_items()
-            seqs = sorted({i.seq for i in view})
+            seqs = sorted({i.position for i in view})
             if seqs:
                 a, b = sorted((seqs[int(step[1] * (len(seqs) - 1))],
                                seqs[int(step[2] * (len(seqs) - 1))]))
-                covered = [n for n, i in enumerate(view) if a <= i.seq <= b]
+                covered = [n for n, i in enumerate(view) if a <= i.position <= b]
                 if covered[-1] - covered[0] + 1 == len(covered):
                     await session.record_summary(a, b, f"summary of {a}..{b}")
                 else:  # a range that would reorder the view is refused, nothing written

@@ -281,7 +281,7 @@ def test_rolling_summary_covers_an_earlier_summary() -> None:
         *SUMMARY_BASE,
         SummaryRecorded(3, 4, S1, 7),   # 7: [u1 S1 a2 u3]
         MessageAppended(a("a3"), 6),    # 8: [u1 S1 a2 u3 a3]
-        SummaryRecorded(2, 7, S2, 2),   # 9: seqs 2..7 = u1, S1 (seq 7), a2, u3; not a3
+        SummaryRecorded(2, 7, S2, 2),   # 9: positions 2..7 = u1, S1 (at 3), a2, u3; not a3
     ])
     state = fold(events)
     assert state.view == (
@@ -428,7 +428,7 @@ def reference_step(history: list[Snap], seq: int, p: Payload) -> Snap:
     elif isinstance(p, RolledBack):
         return history[p.to_seq - 1].copy()  # history[i] is the state after seq i + 1
     elif isinstance(p, SummaryRecorded):
-        covered = [i for i, item in enumerate(cur.view) if p.from_seq <= item.ref[0] <= p.to_seq]
+        covered = [i for i, item in enumerate(cur.view) if p.from_seq <= item.ord // M <= p.to_seq]
         first = covered[0]
         summary = ViewItem((seq, 0), cur.view[first].ord, p.message, p.tokens, kind="summary")
         cur.view = [*(x for x in cur.view[:first]), summary,
@@ -494,7 +494,7 @@ def scenarios(draw: st.DrawFn) -> tuple[list[Payload], list[Snap]]:
             p = ModelChanged(draw(st.sampled_from(["m1", "m2", "m3"])), "c",
                              tuple((r, draw(TOKENS)) for r in chosen))
         elif kind == "summary":
-            seqs = sorted({i.ref[0] for i in cur.view})
+            seqs = sorted({i.ord // M for i in cur.view})  # positions
             lo = draw(st.sampled_from(seqs))
             hi = draw(st.sampled_from([s for s in seqs if s >= lo]))
             p = SummaryRecorded(lo, hi, u(f"summary {lo}..{hi}"), draw(TOKENS))

@@ -107,7 +107,7 @@ def _check_admissible(state: State, payload: Payload) -> None:
         if payload.from_seq > payload.to_seq:
             raise InvalidArgument(f"summary range {payload.from_seq}..{payload.to_seq} is empty")
         covered = [n for n, i in enumerate(state.view)
-                   if payload.from_seq <= i.seq <= payload.to_seq]
+                   if payload.from_seq <= i.position <= payload.to_seq]
         if not covered:
             raise InvalidArgument(
                 f"summary range {payload.from_seq}..{payload.to_seq} covers no item of the view"
