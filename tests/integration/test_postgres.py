@@ -214,3 +214,35 @@ async def test_killing_a_writer_mid_append_leaves_no_partial_event(pg_dsn: str) 
         assert rebuilt.ok, rebuilt.differences
         session = await ledger.session("crash", create=False)
         assert await session.add_message({"role": "user", "content": "after"}) == report.events + 1
+
+
+async def test_sessions_grow_past_int4_ord_range(pg_ledger: Ledger) -> None:
+    """seq * ORD_STRIDE passes 2**31 at seq 2,148: the SQL must compute it in bigint."""
+    session = await pg_ledger.session("long")
+    for i in range(2_150):
+        await session.add_message({"role": "user", "content": str(i)})
+    assert session.head == 2_151
+    assert (await session.view())[-1] == {"role": "user", "content": "2149"}
+    await session.record_summary(2, 2_100, "most of it")
+    assert len(await session.view()) == 1 + 51  # summary + seqs 2,101..2,151
+    assert (await pg_ledger.verify("long")).ok
+
+
+async def test_view_rewrites_start_a_new_generation(pg_ledger: Ledger, pg_dsn: str) -> None:
+    """A summary rewrites the view under the next generation and deletes the old one."""
+    session = await pg_ledger.session("gens")
+    for i in range(30):
+        await session.add_message({"role": "user", "content": str(i)})
+    await session.checkpoint("c")  # no view change: same generation, nothing rewritten
+    rows = await sql(pg_dsn, "SELECT view_gen FROM contextledger.sessions"
+                             " WHERE session_id = 'gens'")
+    assert rows[0][0] == 0
+    await session.record_summary(2, 25, "early turns")
+    rows = await sql(pg_dsn, "SELECT gen, count(*) FROM contextledger.view_items"
+                             " WHERE session_id = 'gens' GROUP BY gen")
+    assert [tuple(r) for r in rows] == [(1, 1 + 6)]
+    await session.add_message({"role": "user", "content": "after"})
+    rows = await sql(pg_dsn, "SELECT gen, count(*) FROM contextledger.view_items"
+                             " WHERE session_id = 'gens' GROUP BY gen")
+    assert [tuple(r) for r in rows] == [(1, 8)]
+    assert [m["content"] for m in await session.view()][-2:] == ["29", "after"]
