@@ -205,6 +205,10 @@ class Session:
                                       field="token_budget")
             cap = min(token_budget, cfg.max_tokens) if cfg.max_tokens else token_budget
             return Budget(context_window=cap, output_reserve=0, safety_margin=0)
+        if not (model or self.model or cfg.context_window) and provider is None and (
+                cfg.max_tokens):
+            # No model to take limits from: the configured cap is the budget.
+            return Budget(context_window=cfg.max_tokens, output_reserve=0, safety_margin=0)
         limits = self.limits(model)
         found = budget_from_provider(
             provider, fallback_context_window=limits.context_window,
