@@ -59,7 +59,7 @@ def _short(message: Any, width: int = 70) -> str:
             elif kind == "tool_use":
                 parts.append(f"→ {block.get('name')}({json.dumps(block.get('input'))})")
             elif kind == "tool_result":
-                parts.append(f"← {str(block.get('content'))}")
+                parts.append(f"← {block.get('content')!s}")
             else:
                 parts.append(f"[{kind}]")
         text = " ".join(parts)

@@ -103,7 +103,7 @@ async def run_demo(ledger: Ledger, console: Console) -> Session:
     kinds: dict[str, int] = {}
     for e in events:
         kinds[e.type] = kinds.get(e.type, 0) + 1
-    console.print(f"  {len(events)} events: " + ", ".join(f"{k} ×{v}" for k, v in kinds.items()))
+    console.print(f"  {len(events)} events: " + ", ".join(f"{k} x{v}" for k, v in kinds.items()))
     status = "[green]intact[/green]" if report.ok else f"[red]BROKEN at {report.first_bad_seq}"
     console.print(f"  hash chain {status}; head hash {events[-1].hash[:16]}…")
     [rebuilt] = await ledger.rebuild(sid)

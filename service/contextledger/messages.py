@@ -84,9 +84,8 @@ def validate_message(message: Any) -> dict[str, Any]:
             f"unknown role {role!r}; expected one of {sorted(ROLES)}", field="role"
         )
     has_tool_calls = bool(message.get("tool_calls")) or bool(message.get("function_call"))
-    if "content" not in message:
-        if not (role == "assistant" and has_tool_calls):
-            raise InvalidMessage(f"{role} message has no 'content'", field="content")
+    if "content" not in message and not (role == "assistant" and has_tool_calls):
+        raise InvalidMessage(f"{role} message has no 'content'", field="content")
     content = message.get("content")
     if content is None:
         if not (role == "assistant" and has_tool_calls):

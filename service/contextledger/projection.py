@@ -108,7 +108,8 @@ def apply(state: State, event: Event, state_at: StateAt | None = None) -> State:
         return replace(state, head=seq, view=_compact(state.view, p))
     if isinstance(p, MessagesReplaced):
         items = _replace_items(seq, p)
-        return replace(state, head=seq, branch=items, view=items, counter=p.counter or state.counter)
+        counter = p.counter or state.counter
+        return replace(state, head=seq, branch=items, view=items, counter=counter)
     if isinstance(p, SessionCleared):
         return replace(state, head=seq, branch=(), view=())
     if isinstance(p, CheckpointCreated):

@@ -132,7 +132,7 @@ async def test_summary_replaces_view_range_but_not_history(ledger: Ledger) -> No
     assert view[1] == {"role": "user", "content": "turns 1-4 summarized"}
     assert view[2:] == history[5:]
     assert await session.get_messages() == history
-    summary_event = [e async for e in session.events(seq, seq)][0]
+    summary_event = await anext(session.events(seq, seq))
     assert summary_event.payload.audit == {"model": "x"}
     # rolling: a second summary covering the first replaces both
     await session.record_summary(2, seq, "everything so far")

