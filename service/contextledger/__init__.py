@@ -21,7 +21,8 @@ from .errors import (
 )
 from .events import Event
 from .ledger.store import Checkpoint, RebuildReport, SessionInfo, VerifyReport
-from .session import Ledger, Session
+from .protocols import ContextManager
+from .session import Ledger, ManageResult, Session
 from .tokens import TokenCounter
 from .view import ViewItem
 
@@ -31,6 +32,7 @@ __all__ = [
     "CompactionError",
     "ConcurrencyError",
     "ConfigError",
+    "ContextManager",
     "ContextLedgerError",
     "Event",
     "IdempotencyConflict",
@@ -39,6 +41,7 @@ __all__ = [
     "Ledger",
     "LedgerClosed",
     "LedgerUnavailable",
+    "ManageResult",
     "MigrationRequired",
     "RebuildReport",
     "SeqOutOfRange",

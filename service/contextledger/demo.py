@@ -66,7 +66,9 @@ async def run_demo(ledger: Ledger, console: Console) -> Session:
     sid = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(Panel.fit(f"contextledger demo · store: {ledger!r}\nsession: {sid}",
                             title="contextledger"))
-    session = await ledger.session(sid, model="gpt-4o", metadata={"demo": True})
+    session = await ledger.session(
+        sid, model="gpt-4o", metadata={"demo": True},
+        config={"summarizer": {"preserve_recent_turns": 2, "min_messages": 3}})
 
     console.rule("1. record an agent session (messages, tool calls, tool results)")
     await _append_all(session, console, [{"role": "system", "content": SYSTEM}])
@@ -83,21 +85,29 @@ async def run_demo(ledger: Ledger, console: Console) -> Session:
     console.print(view_table("view after rollback", await session.view()))
     await _append_all(session, console, AFTER)
 
-    console.rule("4. a rolling summary replaces early turns in the view")
-    items = await session.view_items()
-    first, last = items[1].seq, items[5].seq  # up to the user's decision: no tool pair split
-    summary = ("Summary of earlier turns: user Ada: service listens on port 8443; health check "
-               "failed because health.py checked 8080. Decision: read the port from config.")
-    seq = await session.record_summary(first, last, summary, audit={"by": "demo script"})
-    console.print(f"  summary event seq {seq} replaces view items with seq {first}..{last}")
+    console.rule("4. budgets: how full is the session, and what would a small model get?")
+    u = await session.usage()
+    console.print(f"  {u.tokens} tokens counted at append ({session.counter.name}); budget "
+                  f"{u.budget} for gpt-4o → {u.fraction:.2%}, state [bold]{u.state}[/bold]")
+    small = await session.get_messages_for_request(token_budget=400)
+    console.print(view_table("request view for a 400-token budget (ephemeral: nothing "
+                             "written)", small))
+
+    console.rule("5. a rolling summary replaces early turns in the view, not in the ledger")
+    saved = await session.compact("summarize")
+    summary_event = [e async for e in session.events()][-1]
+    audit = summary_event.payload.to_data()["audit"]
+    console.print(f"  summary.recorded at seq {summary_event.seq} by [bold]{audit['model']}"
+                  f"[/bold] (no model configured: the offline summarizer) covers positions "
+                  f"{audit['covered'][0]}..{audit['covered'][1]}; saved {saved} tokens")
     console.print(view_table("working view (what the next request sees)", await session.view()))
     history = await session.get_messages()
     console.print(f"  get_messages() still returns all {len(history)} messages of the branch")
 
-    console.rule("5. replay: the exact view the model saw at an earlier seq")
+    console.rule("6. replay: the exact view the model saw at an earlier seq")
     console.print(view_table(f"view_at({cp.seq + 2})", await session.view_at(cp.seq + 2)))
 
-    console.rule("6. verify the hash chain and rebuild the projection")
+    console.rule("7. verify the hash chain and rebuild the projection")
     report = await session.verify()
     events = [e async for e in session.events()]
     kinds: dict[str, int] = {}

@@ -288,6 +288,7 @@ class Session:
         A tool call left unanswered when the conversation moves on gets a synthetic
         error result, recorded once, right before this message.
         """
+        self._ledger._check_open()
         copied = validate_message(message)
         key = _check_key(idempotency_key)
         expected = _check_seq(expected_seq, "expected_seq")
@@ -615,6 +616,7 @@ class Session:
 
     async def view_items(self) -> tuple[ViewItem, ...]:
         """The working view as items (refs, tokens, kinds), ephemeral ones merged in."""
+        self._ledger._check_open()
         items = await self._store.read_view(self.session_id)
         if not self._ephemeral:
             return items
@@ -626,6 +628,7 @@ class Session:
 
     async def get_messages(self) -> list[dict[str, Any]]:
         """The current branch's messages in order: no compaction, no summaries."""
+        self._ledger._check_open()
         branch = await self._store.read_branch(self.session_id)
         if not self._ephemeral:
             return branch
@@ -692,6 +695,7 @@ class Session:
 
     def events(self, from_seq: int = 1, to_seq: int | None = None) -> AsyncIterator[Event]:
         """The session's events in seq order (an async iterator; pages under the hood)."""
+        self._ledger._check_open()
         _check_seq(from_seq, "from_seq")
         _check_seq(to_seq, "to_seq")
         return self._store.read_events(self.session_id, from_seq, to_seq)
