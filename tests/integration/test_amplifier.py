@@ -273,8 +273,13 @@ async def test_cleanup_closes_the_ledger_and_is_idempotent(pg_dsn: str) -> None:
     cleanup: Callable[[], Awaitable[None]] = await mount(coordinator, {"dsn": pg_dsn})
     await cleanup()
     await cleanup()
+    context = coordinator.mount_points["context"]
     with pytest.raises(LedgerClosed):
-        await coordinator.mount_points["context"].clear()
+        await context.clear()
+    with pytest.raises(LedgerClosed):
+        await context.add_message({"role": "user", "content": "too late"})
+    with pytest.raises(LedgerClosed):
+        await context.get_messages()
 
 
 # ------------------------------------------------------------------ entry point, config
