@@ -115,7 +115,7 @@ def validate_message(message: Any) -> dict[str, Any]:
                 raise InvalidMessage(f"tool_calls[{i}] needs a string 'id'",
                                      field=f"tool_calls[{i}]")
     copied: dict[str, Any] = _copy_json(message, "message", 0)
-    size = len(canonical_json(copied))
+    size = len(dumps(copied).encode("utf-8"))
     if size > MAX_MESSAGE_BYTES:
         raise InvalidMessage(
             f"message is {size} bytes of JSON; the limit is {MAX_MESSAGE_BYTES}",
@@ -143,11 +143,22 @@ def _canonical_numbers(value: Any) -> Any:
     return value
 
 
+def _has_float(value: Any) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_float(v) for v in value)
+    return False
+
+
 def canonical_json(value: Any) -> bytes:
     """Deterministic UTF-8 JSON: sorted keys, no spaces, jsonb-stable numbers."""
+    if _has_float(value):  # the common message has none: skip the rebuilding pass
+        value = _canonical_numbers(value)
     return json.dumps(
-        _canonical_numbers(value), sort_keys=True, separators=(",", ":"),
-        ensure_ascii=False, allow_nan=False,
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
     ).encode("utf-8")
 
 

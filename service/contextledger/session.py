@@ -19,7 +19,7 @@ import structlog
 from . import hooks as hk
 from .budget import Budget, Usage, budget_for, budget_from_provider, thresholds_for, usage
 from .compaction import RequestState, plan, plan_request, prune_tool_outputs
-from .compaction.finish import finish_request_view
+from .compaction.finish import bridge_reserve, finish_request_view
 from .compaction.select import select_for_summary
 from .config import REDACTED, ContextConfig
 from .errors import (
@@ -321,10 +321,11 @@ class Session:
                                      idempotency_key=key)
             self._track(ViewItem(ref=(seq, 0), ord=seq * ORD_STRIDE, message=copied,
                                  tokens=tokens, critical=critical))
-        await self.hooks.emit(hk.MESSAGE_ADDED, {
-            "role": copied["role"], "content_length": len(str(copied.get("content") or "")),
-            "tokens": tokens, "seq": seq, "ephemeral": ephemeral,
-            "total_tokens": await self.get_token_count()})
+        if self.hooks.has_listeners(hk.MESSAGE_ADDED):
+            await self.hooks.emit(hk.MESSAGE_ADDED, {
+                "role": copied["role"], "content_length": len(str(copied.get("content") or "")),
+                "tokens": tokens, "seq": seq, "ephemeral": ephemeral,
+                "total_tokens": await self.get_token_count()})
         if self._config.auto_compact and not self._compacting:
             current = await self.usage()
             if current.fraction >= self._config.compact_threshold:
@@ -476,11 +477,15 @@ class Session:
                 except CompactionError as exc:
                     if exc.code == "NO_TOKEN_BUDGET":
                         raise
-                    log.warning("summarize_fell_back", session_id=self.session_id,
-                                code=exc.code, error=str(exc))
-                    used = "truncate"
-                    saved = await self._compact_plan(items, "truncate", target, budget,
-                                                     failure=exc)
+                    if exc.code == "MIN_MESSAGES_NOT_MET":  # too little to fold: nothing happens
+                        log.info("summarize_skipped", session_id=self.session_id,
+                                 reason=str(exc))
+                    else:  # no model gave a valid summary: the deterministic strategy
+                        log.warning("summarize_fell_back", session_id=self.session_id,
+                                    code=exc.code, error=str(exc))
+                        used = "truncate"
+                        saved = await self._compact_plan(items, "truncate", target, budget,
+                                                         failure=exc)
             else:
                 saved = await self._compact_plan(items, name, target, budget)
         finally:
@@ -659,7 +664,11 @@ class Session:
             await self._auto_summarize(budget)
         items = await self.view_items()
         previous = self._request_state
+        budget -= bridge_reserve(items, self.counter)  # finish may add bridge messages
         try:
+            if budget <= 0:
+                raise CompactionError("no room left once bridge messages are reserved",
+                                      code="NO_TOKEN_BUDGET")
             view, state = plan_request(items, budget_tokens=budget, config=cfg,
                                        counter=self.counter, previous=previous)
         except CompactionError as exc:

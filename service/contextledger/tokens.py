@@ -164,9 +164,18 @@ class _MessageCounter:
         arguments = function.get("arguments")
         return self._count_value(function.get("name")) + self._count_value(arguments)
 
+    def _role_tokens(self, role: Any) -> int:
+        cache: dict[str, int] = self.__dict__.setdefault("_roles", {})
+        if isinstance(role, str) and role in cache:
+            return cache[role]
+        tokens = self._count_value(role)
+        if isinstance(role, str) and len(cache) < 16:
+            cache[role] = tokens
+        return tokens
+
     def count_message(self, message: Mapping[str, Any]) -> int:
         """Tokens one message adds to a prompt (see the module docstring for the rules)."""
-        total = TOKENS_PER_MESSAGE + self._count_value(message.get("role"))
+        total = TOKENS_PER_MESSAGE + self._role_tokens(message.get("role"))
         total += self._count_content(message.get("content"))
         if message.get("name"):
             total += self._count_value(message["name"]) + TOKENS_PER_NAME

@@ -230,20 +230,25 @@ async def test_sessions_grow_past_int4_ord_range(pg_ledger: Ledger) -> None:
 
 
 async def test_view_rewrites_start_a_new_generation(pg_ledger: Ledger, pg_dsn: str) -> None:
-    """A summary rewrites the view under the next generation and deletes the old one."""
+    """Appends write no view rows (the view's tail is read from the events); a summary
+    materializes the view under the next generation and moves the watermark."""
     session = await pg_ledger.session("gens")
     for i in range(30):
         await session.add_message({"role": "user", "content": str(i)})
-    await session.checkpoint("c")  # no view change: same generation, nothing rewritten
-    rows = await sql(pg_dsn, "SELECT view_gen FROM contextledger.sessions"
-                             " WHERE session_id = 'gens'")
-    assert rows[0][0] == 0
-    await session.record_summary(2, 25, "early turns")
-    rows = await sql(pg_dsn, "SELECT gen, count(*) FROM contextledger.view_items"
-                             " WHERE session_id = 'gens' GROUP BY gen")
-    assert [tuple(r) for r in rows] == [(1, 1 + 6)]
+    await session.checkpoint("c")  # no view change: nothing rewritten
+
+    async def stored() -> tuple[list[tuple[int, int]], tuple[int, int]]:
+        rows = await sql(pg_dsn, "SELECT gen, count(*) FROM contextledger.view_items"
+                                 " WHERE session_id = 'gens' GROUP BY gen")
+        s = await sql(pg_dsn, "SELECT view_gen, view_base FROM contextledger.sessions"
+                              " WHERE session_id = 'gens'")
+        return [tuple(r) for r in rows], tuple(s[0])
+
+    assert await stored() == ([], (0, 0))
+    assert len(await session.view()) == 30
+    seq = await session.record_summary(2, 25, "early turns")
+    assert await stored() == ([(1, 1 + 6)], (1, seq))
     await session.add_message({"role": "user", "content": "after"})
-    rows = await sql(pg_dsn, "SELECT gen, count(*) FROM contextledger.view_items"
-                             " WHERE session_id = 'gens' GROUP BY gen")
-    assert [tuple(r) for r in rows] == [(1, 8)]
+    assert await stored() == ([(1, 7)], (1, seq))
     assert [m["content"] for m in await session.view()][-2:] == ["29", "after"]
+    assert len(await session.get_messages()) == 31

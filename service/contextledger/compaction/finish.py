@@ -18,12 +18,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from contextledger.tokens import TokenCounter
 from contextledger.view import ViewItem
 
 BRIDGES: Mapping[str, str] = {
     "assistant": "Understood. I will continue from that summary.",
     "user": "Continue.",
 }
+
+
+def bridge_reserve(items: Sequence[ViewItem], counter: TokenCounter) -> int:
+    """Tokens to hold back for bridges: at most two per summary in the view."""
+    summaries = sum(1 for i in items if i.kind == "summary")
+    if not summaries:
+        return 0
+    cost = max(counter.count_message({"role": r, "content": t}) for r, t in BRIDGES.items())
+    return 2 * summaries * cost
 
 
 def is_anthropic(model: str | None) -> bool:

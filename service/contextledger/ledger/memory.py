@@ -17,6 +17,7 @@ from ..events import (
     GENESIS_HASH,
     CheckpointCreated,
     Event,
+    MessageAppended,
     Payload,
     SessionCreated,
     make_event,
@@ -101,9 +102,13 @@ class MemoryStore(Store):
         stream.state = step.state
         if idempotency_key is not None:
             stream.keys[idempotency_key] = step.events[-1].seq
+        appended = [p.tokens for p in payloads if isinstance(p, MessageAppended)]
+        # a plain append adds to the total; anything else may rewrite the view: recount
+        view_tokens = (stream.info.view_tokens + sum(appended) if len(appended) == len(payloads)
+                       else step.state.view_tokens)
         stream.info = replace(
             stream.info, head=step.state.head, last_hash=step.events[-1].hash,
-            view_tokens=step.state.view_tokens, view_count=len(step.state.view),
+            view_tokens=view_tokens, view_count=len(step.state.view),
             config=step.state.config, model=step.state.model,
         )
         return AppendResult(tuple(e.seq for e in step.events), False, stream.info.view_tokens)

@@ -41,7 +41,7 @@ from ..events import (
     make_event,
 )
 from ..messages import dumps
-from ..projection import State, fold, message_item
+from ..projection import State, fold
 from ..view import ORD_STRIDE, ViewItem
 from .dsn import asyncpg_dsn, redact
 from .store import (
@@ -63,19 +63,11 @@ WITH s AS (
     UPDATE {S}.sessions
        SET head = $2, last_hash = $8, view_tokens = view_tokens + $5, view_count = view_count + 1
      WHERE session_id = $1 AND head = $2::bigint - 1
- RETURNING view_tokens, view_gen
+ RETURNING view_tokens
 ), e AS (
     INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
                             idempotency_key, hash)
     SELECT $1, $2, 'message.appended', $3, $4::jsonb, $5, $6, $7, $8 FROM s
-), v AS (
-    INSERT INTO {S}.view_items (session_id, gen, ord, seq, part, kind, message, tokens,
-                                critical)
-    SELECT $1, view_gen, $2::bigint * {ORD_STRIDE}, $2, 0, $10, $4::jsonb -> 'message', $5, $9
-      FROM s
-), b AS (
-    INSERT INTO {S}.branch_items (session_id, ord, seq, part)
-    SELECT $1, $2::bigint * {ORD_STRIDE}, $2, 0 FROM s
 )
 SELECT view_tokens FROM s
 """
@@ -83,9 +75,38 @@ SELECT view_tokens FROM s
 SESSION_COLUMNS = ("session_id, created_at, model, config::text, metadata::text, head, "
                    "last_hash, view_tokens, view_count")
 VIEW_COLUMNS = "ord, seq, part, kind, message::text, tokens, critical"
-#: The current generation's rows only: replaced generations are never scanned.
-READ_VIEW = (f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 AND gen = "
-             f"(SELECT view_gen FROM {S}.sessions WHERE session_id = $1) ORDER BY ord")
+#: A message event in the implicit tail, in the same columns as a view_items row.
+_TAIL_ROW = (f"e.seq * {ORD_STRIDE}, e.seq, 0, CASE WHEN e.data ->> 'origin' = 'synthetic'"
+             " THEN 'synthetic' ELSE 'message' END, (e.data -> 'message')::text, e.tokens,"
+             " coalesce((e.data ->> 'critical')::boolean, false)")
+#: The view = the current generation's materialized rows + the message events after
+#: the watermark. Both parts are primary-key range scans: O(view), whatever the history.
+READ_VIEW = f"""
+WITH s AS (SELECT view_gen, view_base FROM {S}.sessions WHERE session_id = $1)
+SELECT {VIEW_COLUMNS} FROM {S}.view_items, s
+ WHERE session_id = $1 AND gen = s.view_gen
+UNION ALL
+SELECT {_TAIL_ROW} FROM {S}.events e, s
+ WHERE e.session_id = $1 AND e.seq > s.view_base AND e.type = 'message.appended'
+ORDER BY 1"""
+READ_BRANCH = f"""
+WITH s AS (SELECT branch_base FROM {S}.sessions WHERE session_id = $1)
+SELECT ord, (CASE WHEN e.type = 'messages.replaced' THEN e.data -> 'messages' -> b.part
+                  ELSE e.data -> 'message' END)::text
+  FROM {S}.branch_items b
+  JOIN {S}.events e ON e.session_id = b.session_id AND e.seq = b.seq
+ WHERE b.session_id = $1
+UNION ALL
+SELECT e.seq * {ORD_STRIDE}, (e.data -> 'message')::text FROM {S}.events e, s
+ WHERE e.session_id = $1 AND e.seq > s.branch_base AND e.type = 'message.appended'
+ORDER BY 1"""
+READ_BRANCH_REFS = f"""
+WITH s AS (SELECT branch_base FROM {S}.sessions WHERE session_id = $1)
+SELECT ord, seq, part FROM {S}.branch_items WHERE session_id = $1
+UNION ALL
+SELECT e.seq * {ORD_STRIDE}, e.seq, 0 FROM {S}.events e, s
+ WHERE e.session_id = $1 AND e.seq > s.branch_base AND e.type = 'message.appended'
+ORDER BY 1"""
 EVENT_COLUMNS = ("seq, position, type, version, data::text, tokens, created_at, idempotency_key,"
                  " hash")
 
@@ -118,11 +139,16 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 class PostgresStore(Store):
     kind = "postgres"
 
-    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, dsn: str, *, hot_connections: int = 4) -> None:
         self._pool = pool
         self._dsn = dsn
         self._heads: dict[str, tuple[int, str]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Appends run on connections kept out of the pool: acquiring and releasing a
+        # pooled connection per statement cost ~40-55 µs (bench/ledger.py).
+        self._idle: list[asyncpg.Connection] = []
+        self._lent = 0
+        self._hot_max = hot_connections
 
     @classmethod
     async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> PostgresStore:
@@ -134,7 +160,7 @@ class PostgresStore(Store):
         except (OSError, asyncpg.PostgresError) as exc:
             raise LedgerUnavailable(f"cannot connect to {redact(dsn)}: {exc}") from exc
         assert pool is not None
-        return cls(pool, dsn)
+        return cls(pool, dsn, hot_connections=max(1, max_size // 2))
 
     async def schema_revision(self) -> str | None:
         try:
@@ -151,6 +177,36 @@ class PostgresStore(Store):
                 f"the database at {redact(self._dsn)} is at schema revision {current!r}, this "
                 f"code needs {head!r}. Run `contextledger migrate --dsn '{redact(self._dsn)}'` "
                 "(or open the ledger with migrate=True).", current=current, required=head)
+
+    async def _hot_fetchval(self, query: str, *args: Any) -> Any:
+        """``fetchval`` on a kept connection; falls back to the pool when all are busy.
+
+        A server-side error leaves the connection usable; anything else (a dropped
+        connection, a cancellation mid-query) hands it back to the pool, which
+        resets or replaces it.
+        """
+        if self._idle:
+            conn = self._idle.pop()
+        elif self._lent < self._hot_max:
+            self._lent += 1
+            try:
+                conn = await self._pool.acquire()
+            except BaseException:
+                self._lent -= 1
+                raise
+        else:
+            return await self._pool.fetchval(query, *args)
+        try:
+            result = await conn.fetchval(query, *args)
+        except asyncpg.PostgresError:
+            self._idle.append(conn)
+            raise
+        except BaseException:
+            self._lent -= 1
+            await self._pool.release(conn)
+            raise
+        self._idle.append(conn)
+        return result
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._locks.get(session_id)
@@ -223,7 +279,6 @@ class PostgresStore(Store):
     ) -> AppendResult:
         data = payload.to_data()
         data_json = dumps(data)
-        item = message_item(0, payload)
         head, last_hash = await self._head(session_id)
         for _ in range(_RETRIES):
             if expected_seq is not None and expected_seq != head:
@@ -239,9 +294,9 @@ class PostgresStore(Store):
             event = make_event(session_id, head + 1, payload, last_hash,
                                created_at=created_at, idempotency_key=key)
             try:
-                view_tokens = await self._pool.fetchval(
+                view_tokens = await self._hot_fetchval(
                     APPEND_MESSAGE, session_id, event.seq, event.version, data_json,
-                    event.tokens, created_at, key, event.hash, payload.critical, item.kind)
+                    event.tokens, created_at, key, event.hash)
             except asyncpg.UniqueViolationError as exc:
                 if key is not None and "idempotency" in str(exc.constraint_name or ""):
                     return await self._duplicate(session_id, key, data)
@@ -274,8 +329,8 @@ class PostgresStore(Store):
     ) -> AppendResult:
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
-                f"SELECT head, last_hash, model, config::text, view_gen FROM {S}.sessions"
-                " WHERE session_id = $1 FOR UPDATE", session_id)
+                f"SELECT head, last_hash, model, config::text, view_gen, view_base, branch_base"
+                f" FROM {S}.sessions WHERE session_id = $1 FOR UPDATE", session_id)
             if row is None:
                 raise SessionNotFound(f"no session {session_id!r}", session_id=session_id)
             head, last_hash = row[0], row[1]
@@ -312,49 +367,59 @@ class PostgresStore(Store):
                 " created_at, idempotency_key, hash) VALUES ($1,$2,$3,$4,$5::jsonb,$6,$7,$8,$9)",
                 [(session_id, e.seq, e.type, e.version, dumps(e.payload.to_data()), e.tokens,
                   e.created_at, e.idempotency_key, e.hash) for e in step.events])
-            gen = await self._write_view(conn, session_id, row[4], view, step.state.view)
+            last = step.events[-1]
+            gen, view_base = await self._write_view(
+                conn, session_id, row[4], row[5], last.seq, view, step.state.view, step.events)
+            branch_base = row[6]
             if step.branch_reset:
                 await conn.execute(f"DELETE FROM {S}.branch_items WHERE session_id = $1",
                                    session_id)
-            if step.state.branch:
                 await conn.executemany(
                     f"INSERT INTO {S}.branch_items (session_id, ord, seq, part)"
                     " VALUES ($1, $2, $3, $4)",
                     [(session_id, i.ord, i.ref[0], i.ref[1]) for i in step.state.branch])
-            last = step.events[-1]
+                branch_base = last.seq
             await conn.execute(
                 f"UPDATE {S}.sessions SET head = $2, last_hash = $3, view_tokens = $4,"
-                " view_count = $5, config = $6::jsonb, model = $7, view_gen = $8"
-                " WHERE session_id = $1",
+                " view_count = $5, config = $6::jsonb, model = $7, view_gen = $8,"
+                " view_base = $9, branch_base = $10 WHERE session_id = $1",
                 session_id, last.seq, last.hash, step.state.view_tokens, len(step.state.view),
-                dumps(dict(step.state.config)), step.state.model, gen)
+                dumps(dict(step.state.config)), step.state.model, gen, view_base, branch_base)
         self._heads[session_id] = (last.seq, last.hash)
         return AppendResult(tuple(e.seq for e in step.events), False, step.state.view_tokens)
 
     @staticmethod
     async def _write_view(
-        conn: asyncpg.Connection, session_id: str, gen: int,
-        old: Sequence[ViewItem], new: Sequence[ViewItem],
-    ) -> int:
-        """Write ``new`` over ``old``; return the generation now current.
+        conn: asyncpg.Connection, session_id: str, gen: int, base: int, head: int,
+        old: Sequence[ViewItem], new: Sequence[ViewItem], events: Sequence[Event],
+    ) -> tuple[int, int]:
+        """Bring the stored view from ``old`` to ``new``; return (generation, watermark).
 
-        Unchanged: nothing. Only additions at the end: insert them in this generation.
-        Anything else: the whole new view under the next generation, and the old
-        generation deleted (its dead rows then lie outside the range reads scan).
+        If the new view is the old one plus this batch's appended messages, those
+        are already its implicit tail: nothing to write. Otherwise the whole view is
+        materialized under the next generation (the old one deleted, its dead rows
+        outside the range reads scan) and the watermark moves to ``head``.
         """
-        if len(new) >= len(old) and tuple(new[: len(old)]) == tuple(old):
-            fresh, target = new[len(old):], gen
-        else:
-            fresh, target = new, gen + 1
-            await conn.execute(f"DELETE FROM {S}.view_items WHERE session_id = $1"
-                               " AND gen = $2", session_id, gen)
-        if fresh:
+        appended = {e.seq for e in events if isinstance(e.payload, MessageAppended)}
+        grown = new[len(old):]
+        if (len(new) >= len(old) and tuple(new[: len(old)]) == tuple(old)
+                and all(i.seq in appended and i.ref[1] == 0 for i in grown)):
+            return gen, base
+        await conn.execute(f"DELETE FROM {S}.view_items WHERE session_id = $1 AND gen = $2",
+                           session_id, gen)
+        await PostgresStore._insert_view(conn, session_id, gen + 1, new)
+        return gen + 1, head
+
+    @staticmethod
+    async def _insert_view(
+        conn: asyncpg.Connection, session_id: str, gen: int, items: Sequence[ViewItem]
+    ) -> None:
+        if items:
             await conn.executemany(
                 f"INSERT INTO {S}.view_items (session_id, gen, ord, seq, part, kind, message,"
                 " tokens, critical) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)",
-                [(session_id, target, i.ord, i.ref[0], i.ref[1], i.kind, dumps(dict(i.message)),
-                  i.tokens, i.critical) for i in fresh])
-        return target
+                [(session_id, gen, i.ord, i.ref[0], i.ref[1], i.kind, dumps(dict(i.message)),
+                  i.tokens, i.critical) for i in items])
 
     # -- reads ------------------------------------------------------------------------
 
@@ -365,16 +430,10 @@ class PostgresStore(Store):
         return tuple(_item(r) for r in rows)
 
     async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
-        rows = await self._pool.fetch(
-            f"""SELECT (CASE WHEN e.type = 'messages.replaced'
-                             THEN e.data -> 'messages' -> b.part
-                             ELSE e.data -> 'message' END)::text
-                  FROM {S}.branch_items b
-                  JOIN {S}.events e ON e.session_id = b.session_id AND e.seq = b.seq
-                 WHERE b.session_id = $1 ORDER BY b.ord""", session_id)
+        rows = await self._pool.fetch(READ_BRANCH, session_id)
         if not rows:
             await self.session_info(session_id)
-        return [json.loads(r[0]) for r in rows]
+        return [json.loads(r[1]) for r in rows]
 
     async def read_events(
         self, session_id: str, from_seq: int = 1, to_seq: int | None = None, *,
@@ -402,7 +461,7 @@ class PostgresStore(Store):
     async def rebuild(self, session_id: str, *, repair: bool = True) -> RebuildReport:
         async with self._lock(session_id), self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
-                f"SELECT view_tokens, view_count, view_gen FROM {S}.sessions"
+                f"SELECT view_tokens, view_count, view_gen, head FROM {S}.sessions"
                 " WHERE session_id = $1 FOR UPDATE", session_id)
             if row is None:
                 raise SessionNotFound(f"no session {session_id!r}", session_id=session_id)
@@ -411,9 +470,7 @@ class PostgresStore(Store):
                 session_id)]
             expected = fold(events)
             view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
-            branch = [(r[0], r[1], r[2]) for r in await conn.fetch(
-                f"SELECT ord, seq, part FROM {S}.branch_items WHERE session_id = $1 ORDER BY ord",
-                session_id)]
+            branch = [(r[0], r[1], r[2]) for r in await conn.fetch(READ_BRANCH_REFS, session_id)]
             diffs = compare_rows(expected.view, view, "view")
             if branch != [(i.ord, i.ref[0], i.ref[1]) for i in expected.branch]:
                 diffs.append(f"branch: {len(branch)} stored rows differ from the "
@@ -426,15 +483,16 @@ class PostgresStore(Store):
                                    session_id)
                 await conn.execute(f"DELETE FROM {S}.branch_items WHERE session_id = $1",
                                    session_id)
-                gen = await self._write_view(conn, session_id, row[2] + 1, (), expected.view)
+                gen = row[2] + 1
+                await self._insert_view(conn, session_id, gen, expected.view)
                 await conn.executemany(
                     f"INSERT INTO {S}.branch_items (session_id, ord, seq, part)"
                     " VALUES ($1, $2, $3, $4)",
                     [(session_id, i.ord, i.ref[0], i.ref[1]) for i in expected.branch])
                 await conn.execute(
-                    f"UPDATE {S}.sessions SET view_tokens = $2, view_count = $3, view_gen = $4"
-                    " WHERE session_id = $1", session_id, expected.view_tokens,
-                    len(expected.view), gen)
+                    f"UPDATE {S}.sessions SET view_tokens = $2, view_count = $3, view_gen = $4,"
+                    " view_base = $5, branch_base = $5 WHERE session_id = $1", session_id,
+                    expected.view_tokens, len(expected.view), gen, row[3])
         if diffs:
             log.warning("projection_rebuilt", session_id=session_id, differences=diffs,
                         repaired=repair)
@@ -454,4 +512,7 @@ class PostgresStore(Store):
         return n
 
     async def close(self) -> None:
+        while self._idle:
+            await self._pool.release(self._idle.pop())
+        self._lent = 0
         await self._pool.close()
