@@ -19,7 +19,7 @@ import structlog
 from . import hooks as hk
 from .budget import Budget, Usage, budget_for, budget_from_provider, thresholds_for, usage
 from .compaction import RequestState, plan, plan_request, prune_tool_outputs
-from .compaction.finish import bridge_reserve, finish_request_view
+from .compaction.finish import bridge_cost, bridge_reserve, finish_request_view
 from .compaction.select import select_for_summary
 from .config import REDACTED, ContextConfig
 from .errors import (
@@ -143,7 +143,6 @@ class Session:
         self._open: _OpenCalls | None = None
         self._tail_known = False
         self._compacting = False
-        self._summary_retry_at: int | None = None
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id!r} head={self._head} store={self._store.kind}>"
@@ -661,7 +660,10 @@ class Session:
         budget = self.budget(token_budget, provider).available
         cfg = self._config
         if cfg.auto_compact and cfg.compaction_strategy == "summarize" and not self._compacting:
-            await self._auto_summarize(budget)
+            # Summarize at the level the planner below compacts at once a summary (and
+            # the bridges it reserves room for) exists; otherwise the turns in between
+            # would get an ephemeral pass: a changed prefix, and request_at != sent.
+            await self._auto_summarize(budget - bridge_cost(self.counter))
         items = await self.view_items()
         previous = self._request_state
         budget -= bridge_reserve(items, self.counter)  # finish may add bridge messages
@@ -688,19 +690,15 @@ class Session:
         return finish_request_view(view, target_model=self._target_model(provider))
 
     async def _auto_summarize(self, budget: int) -> None:
-        trigger, target = self._target(budget)
-        tokens = await self.get_token_count()
-        if tokens < trigger or (self._summary_retry_at is not None
-                                and tokens < self._summary_retry_at):
-            return
-        try:
+        """Record a rolling summary once the view crosses the threshold.
+
+        ``compact`` never loses the turn: if no model gives a valid summary it records
+        the deterministic strategy instead, which takes the view down to the target,
+        so the next attempt waits for the next crossing (no retry storm).
+        """
+        trigger, _ = self._target(budget)
+        if await self.get_token_count() >= trigger:
             await self.compact("summarize", trigger="auto", token_budget=budget)
-            self._summary_retry_at = None
-        except CompactionError as exc:
-            # Every model failed and nothing was written: the deterministic planner
-            # keeps this request within budget; try again a threshold-gap later.
-            self._summary_retry_at = tokens + max(1, trigger - target)
-            log.warning("auto_summary_failed", session_id=self.session_id, code=exc.code)
 
     def events(self, from_seq: int = 1, to_seq: int | None = None) -> AsyncIterator[Event]:
         """The session's events in seq order (an async iterator; pages under the hood)."""

@@ -705,7 +705,8 @@ async def summarize(
 
 _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
 _STRONG_FACT_RE = re.compile(
-    r"\b(?:my|our)\s+(?:[\w-]+\s+){0,2}(?:is|are|was)\b|\bi\s+am\b|\bi['\u2019]m\b|\bcall\s+me\b"
+    r"\b(?:my|our)\s+(?:[\w'\u2019-]+\s+){0,3}(?:is|are|was)\b"
+    r"|\bi\s+am\b|\bi['\u2019]m\b|\bcall\s+me\b"
     r"|\bi\s+(?:prefer|like|want|use|need)\b|\bplease\s+(?:always|never)\b|\balways\b|\bnever\b"
     r"|\bremember\b|\b(?:is|are|=|:)\s*\d",
     re.IGNORECASE,
@@ -847,6 +848,10 @@ def offline_summary(
                         raw if raw.lstrip().startswith(("-", "*")) else f"- {raw}",
                         40,
                     )
+                elif known == "Durable facts":
+                    # a carried fact keeps its strength; number-only filler must not
+                    # outrank a new user statement forever
+                    add(known, raw, 100 if _STRONG_FACT_RE.search(raw) else 86)
                 else:
                     add(known, raw, prior_priority.get(known, 30))
 

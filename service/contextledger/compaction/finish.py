@@ -27,13 +27,15 @@ BRIDGES: Mapping[str, str] = {
 }
 
 
+def bridge_cost(counter: TokenCounter) -> int:
+    """Tokens of the bridges finish may put around one summary (one on each side)."""
+    return 2 * max(counter.count_message({"role": r, "content": t}) for r, t in BRIDGES.items())
+
+
 def bridge_reserve(items: Sequence[ViewItem], counter: TokenCounter) -> int:
     """Tokens to hold back for bridges: at most two per summary in the view."""
     summaries = sum(1 for i in items if i.kind == "summary")
-    if not summaries:
-        return 0
-    cost = max(counter.count_message({"role": r, "content": t}) for r, t in BRIDGES.items())
-    return 2 * summaries * cost
+    return summaries * bridge_cost(counter) if summaries else 0
 
 
 def is_anthropic(model: str | None) -> bool:
