@@ -8,6 +8,7 @@ every sample with ``count_text`` (how counts are taken at append), accuracy comp
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -225,7 +226,37 @@ def main() -> None:
             f"| {mape(naive, o200k.count_text, subset):.1f}% "
             f"| {bias(naive, o200k.count_text, subset):+.1f}% |"
         )
+    print("\n## usage() latency vs history length (O(1): the view total is kept at append)\n")
+    print("| messages in the session | usage() median µs | p95 µs | ratio to 100 |")
+    print("|---|---|---|---|")
+    rows = asyncio.run(usage_latency((100, 10_000, 100_000)))
+    for n, med, p95 in rows:
+        print(f"| {n:,} | {med:.1f} | {p95:.1f} | {med / rows[0][1]:.2f}x |")
     print(f"\n_total run time {time.perf_counter() - started:.1f} s_")
+
+
+async def usage_latency(
+    sizes: tuple[int, ...], reads: int = 2000
+) -> list[tuple[int, float, float]]:
+    """``Session.usage()`` on sessions of growing length (memory store: usage never reads
+    the store, it combines the cached view total with the model's budget)."""
+    from contextledger import Ledger
+
+    out = []
+    async with Ledger.open("memory://") as ledger:
+        for n in sizes:
+            session = await ledger.session(f"usage-{n}", model="gpt-4o")
+            for i in range(n):
+                await session.add_message({"role": "user" if i % 2 else "assistant",
+                                           "content": f"message {i} " + "lorem ipsum " * 20})
+            samples = []
+            for _ in range(reads):
+                t0 = time.perf_counter()
+                await session.usage()
+                samples.append((time.perf_counter() - t0) * 1e6)
+            samples.sort()
+            out.append((n, statistics.median(samples), samples[int(len(samples) * 0.95)]))
+    return out
 
 
 if __name__ == "__main__":

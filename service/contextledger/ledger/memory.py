@@ -22,7 +22,7 @@ from ..events import (
     SessionCreated,
     make_event,
 )
-from ..projection import State, apply, fold
+from ..projection import State, apply, fold, message_item
 from ..view import ViewItem
 from .store import (
     AppendResult,
@@ -41,6 +41,21 @@ class _Stream:
     events: list[Event] = field(default_factory=list)
     state: State = field(default_factory=State)
     keys: dict[str, int] = field(default_factory=dict)
+    #: The branch and view as lists, so a plain append is O(1) (``state`` holds tuples
+    #: and is rebuilt from these only when a cold-path event needs the pure fold).
+    branch: list[ViewItem] = field(default_factory=list)
+    view: list[ViewItem] = field(default_factory=list)
+    stale: bool = False  # the lists grew since ``state`` was built
+
+    def current(self) -> State:
+        if self.stale:
+            self.state = replace(self.state, branch=tuple(self.branch), view=tuple(self.view))
+            self.stale = False
+        return self.state
+
+    def adopt(self, state: State) -> None:
+        self.state, self.stale = state, False
+        self.branch, self.view = list(state.branch), list(state.view)
 
 
 class MemoryStore(Store):
@@ -91,33 +106,57 @@ class MemoryStore(Store):
         if expected_seq is not None and expected_seq != head:
             raise ConcurrencyError(f"expected head {expected_seq}, session is at {head}",
                                    expected_seq=expected_seq, head=head)
-        step = advance(
-            stream.state, session_id, stream.info.last_hash, payloads, created_at=created_at,
-            idempotency_key=idempotency_key,
-            state_at=lambda seq: fold(stream.events, until=seq),
-        )
-        for event in step.events:
+        if all(isinstance(p, MessageAppended) for p in payloads):
+            events = self._append_messages(stream, payloads, created_at, idempotency_key)
+        else:
+            step = advance(
+                stream.current(), session_id, stream.info.last_hash, payloads,
+                created_at=created_at, idempotency_key=idempotency_key,
+                state_at=lambda seq: fold(stream.events, until=seq),
+            )
+            events = list(step.events)
+            stream.adopt(step.state)
+        for event in events:
             stream.events.append(replace(event, data=copy.deepcopy(event.payload.to_data()),
                                          position=len(stream.events) + 1))
-        stream.state = step.state
         if idempotency_key is not None:
-            stream.keys[idempotency_key] = step.events[-1].seq
-        appended = [p.tokens for p in payloads if isinstance(p, MessageAppended)]
-        # a plain append adds to the total; anything else may rewrite the view: recount
-        view_tokens = (stream.info.view_tokens + sum(appended) if len(appended) == len(payloads)
-                       else step.state.view_tokens)
+            stream.keys[idempotency_key] = events[-1].seq
+        plain = all(isinstance(e.payload, MessageAppended) for e in events)
         stream.info = replace(
-            stream.info, head=step.state.head, last_hash=step.events[-1].hash,
-            view_tokens=view_tokens, view_count=len(step.state.view),
-            config=step.state.config, model=step.state.model,
+            stream.info, head=stream.state.head, last_hash=events[-1].hash,
+            view_tokens=(stream.info.view_tokens + sum(e.tokens for e in events) if plain
+                         else sum(i.tokens for i in stream.view)),
+            view_count=len(stream.view), config=stream.state.config, model=stream.state.model,
         )
-        return AppendResult(tuple(e.seq for e in step.events), False, stream.info.view_tokens)
+        return AppendResult(tuple(e.seq for e in events), False, stream.info.view_tokens)
+
+    @staticmethod
+    def _append_messages(
+        stream: _Stream, payloads: Sequence[Payload], created_at: datetime, key: str | None,
+    ) -> list[Event]:
+        """The fast path, as in PostgreSQL: hash, then add each item to branch and view."""
+        events: list[Event] = []
+        prev, seq = stream.info.last_hash, stream.state.head
+        for n, payload in enumerate(payloads):
+            assert isinstance(payload, MessageAppended)
+            seq += 1
+            event = make_event(stream.info.session_id, seq, payload, prev,
+                               created_at=created_at,
+                               idempotency_key=key if n == len(payloads) - 1 else None)
+            item = message_item(seq, payload)
+            stream.branch.append(item)
+            stream.view.append(item)
+            events.append(event)
+            prev = event.hash
+        stream.state = replace(stream.state, head=seq)
+        stream.stale = True
+        return events
 
     async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
-        return self._get(session_id).state.view
+        return tuple(self._get(session_id).view)
 
     async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
-        return [copy.deepcopy(dict(i.message)) for i in self._get(session_id).state.branch]
+        return [copy.deepcopy(dict(i.message)) for i in self._get(session_id).branch]
 
     async def read_events(
         self, session_id: str, from_seq: int = 1, to_seq: int | None = None
@@ -136,17 +175,11 @@ class MemoryStore(Store):
     async def rebuild(self, session_id: str, *, repair: bool = True) -> RebuildReport:
         stream = self._get(session_id)
         expected = fold(stream.events)
-        diffs = compare_rows(expected.view, stream.state.view, "view") + compare_rows(
-            expected.branch, stream.state.branch, "branch")
+        diffs = compare_rows(expected.view, stream.view, "view") + compare_rows(
+            expected.branch, stream.branch, "branch")
         if diffs and repair:
-            stream.state = expected
+            stream.adopt(expected)
         return RebuildReport(session_id, tuple(diffs), bool(diffs) and repair)
 
     async def close(self) -> None:
         self._streams.clear()
-
-    # Test seam for the in-memory store only: lets tests corrupt the projection to
-    # prove rebuild notices (there is no SQL to do it with here).
-    def _corrupt_view_for_tests(self, session_id: str, view: tuple[ViewItem, ...]) -> None:
-        stream = self._get(session_id)
-        stream.state = replace(stream.state, view=view)
