@@ -24,11 +24,13 @@ import argparse
 import asyncio
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from contextledger import Ledger
+from contextledger.logging import configure_logging
 
 WORDS = ("ledger", "postgres", "index", "migration", "replica", "vacuum", "schema", "query",
          "latency", "rollback", "checkpoint", "cache", "deploy", "release", "config")
@@ -139,6 +141,7 @@ def _table(rows: list[Row]) -> str:
 
 
 async def main() -> None:
+    configure_logging(level="WARNING", stream=sys.stderr)  # figures on stdout, logs apart
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--facts", type=int, default=40)
     parser.add_argument("--turns", type=int, default=400)
