@@ -170,11 +170,11 @@ async def view(ctx: click.Context, session_id: str, at_seq: int | None, as_json:
     """Show the working view now, or replayed as of --at SEQ."""
     async with _open(ctx) as ledger:
         session = await ledger.session(session_id, create=False)
-        messages = await (session.view_at(at_seq) if at_seq else session.view())
+        messages = await (session.view_at(at_seq) if at_seq is not None else session.view())
         if as_json:
             click.echo(json.dumps(messages, ensure_ascii=False, indent=2))
         else:
-            title = f"view of {session_id}" + (f" at seq {at_seq}" if at_seq else "")
+            title = f"view of {session_id}" + (f" at seq {at_seq}" if at_seq is not None else "")
             console.print(view_table(title, messages))
 
 

@@ -134,10 +134,12 @@ class RolledBack(Payload):
 
 @dataclass(frozen=True)
 class SummaryRecorded(Payload):
-    """One summary item replaces the view items whose position lies in ``from_seq..to_seq``.
+    """One summary item replaces the view items placed in ``from_seq..to_seq``.
 
-    An item's position is the seq of the message it stands for; a summary stands at
-    the first seq it covers (``ViewItem.position``), so ranges stay contiguous.
+    An item's place is ``(seq, part)`` of the message it stands for; a summary stands
+    at the first place it covers (``ViewItem.place``), so ranges stay contiguous. The
+    parts matter only inside one ``messages.replaced`` event (all its messages share
+    a seq): ``from_part``/``to_part`` bound the range there (default: all parts).
 
     ``audit`` holds what an auditor needs (model that answered, attempts, tokens
     before/after, prompt version, custom instructions, prior summary seq).
@@ -149,15 +151,26 @@ class SummaryRecorded(Payload):
     message: Mapping[str, Any]
     tokens: int
     audit: Mapping[str, Any] = field(default_factory=dict)
+    from_part: int = 0
+    to_part: int | None = None
 
     def to_data(self) -> dict[str, Any]:
-        return {"from_seq": self.from_seq, "to_seq": self.to_seq, "message": self.message,
+        data = {"from_seq": self.from_seq, "to_seq": self.to_seq, "message": self.message,
                 "tokens": self.tokens, "audit": dict(self.audit)}
+        if self.from_part or self.to_part is not None:
+            data["from_part"], data["to_part"] = self.from_part, self.to_part
+        return data
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any], version: int) -> SummaryRecorded:
+        to_part = data.get("to_part")
         return cls(int(data["from_seq"]), int(data["to_seq"]), data["message"],
-                   int(data.get("tokens", 0)), data.get("audit") or {})
+                   int(data.get("tokens", 0)), data.get("audit") or {},
+                   int(data.get("from_part") or 0), None if to_part is None else int(to_part))
+
+    def covers(self, place: tuple[int, int]) -> bool:
+        hi = self.to_part if self.to_part is not None else float("inf")
+        return (self.from_seq, self.from_part) <= place <= (self.to_seq, hi)
 
 
 @dataclass(frozen=True)
@@ -273,6 +286,8 @@ class Event:
     position: int | None = None
     #: The data exactly as stored (``verify`` hashes this, not a re-encoding).
     data: Mapping[str, Any] | None = None
+    #: The schema version it was written with (not the reading code's VERSION).
+    stored_version: int | None = None
 
     @property
     def type(self) -> str:
@@ -280,7 +295,7 @@ class Event:
 
     @property
     def version(self) -> int:
-        return self.payload.VERSION
+        return self.stored_version if self.stored_version is not None else self.payload.VERSION
 
     def to_dict(self) -> dict[str, Any]:
         return {"session_id": self.session_id, "seq": self.seq, "type": self.type,

@@ -29,7 +29,11 @@ def _copy_json(value: Any, path: str, depth: int) -> JSONValue:
     """Deep-copy ``value`` while checking it is plain JSON that jsonb can hold exactly."""
     if depth > MAX_DEPTH:
         raise InvalidMessage(f"{path}: nested deeper than {MAX_DEPTH} levels", field=path)
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if value.bit_length() > 4000:  # ~1,200 digits: past any real use, near int->str limits
+            raise InvalidMessage(f"{path}: integer too large to store", field=path)
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -114,6 +118,11 @@ def validate_message(message: Any) -> dict[str, Any]:
             if not isinstance(call, Mapping) or not isinstance(call.get("id"), str):
                 raise InvalidMessage(f"tool_calls[{i}] needs a string 'id'",
                                      field=f"tool_calls[{i}]")
+            function = call.get("function")
+            if function is not None and not (
+                    isinstance(function, Mapping) and isinstance(function.get("name"), str)):
+                raise InvalidMessage(f"tool_calls[{i}].function needs a string 'name'",
+                                     field=f"tool_calls[{i}].function")
     copied: dict[str, Any] = _copy_json(message, "message", 0)
     size = len(dumps(copied).encode("utf-8"))
     if size > MAX_MESSAGE_BYTES:

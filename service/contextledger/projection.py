@@ -70,7 +70,7 @@ def _summarize(view: tuple[ViewItem, ...], seq: int, p: SummaryRecorded) -> tupl
     slot: int | None = None
     first_ord: int | None = None
     for item in view:
-        if p.from_seq <= item.position <= p.to_seq:
+        if p.covers(item.place):
             if slot is None:
                 slot, first_ord = len(out), item.ord
             continue

@@ -25,7 +25,9 @@ from .config import REDACTED, ContextConfig
 from .errors import (
     CheckpointNotFound,
     CompactionError,
+    ConcurrencyError,
     InvalidArgument,
+    InvalidMessage,
     LedgerClosed,
     SessionExists,
     SessionNotFound,
@@ -64,31 +66,56 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+MAX_TOKENS = 2**31 - 1  # the ledger's token columns are 32-bit
+MAX_SEQ = 2**63 - 1
+
+
+def _check_text(value: Any, name: str, *, limit: int = 200) -> str:
+    """A short identifier: non-empty, printable to UTF-8, no NUL (PostgreSQL text)."""
+    if not isinstance(value, str) or not value.strip() or len(value) > limit or "\x00" in value:
+        raise InvalidArgument(f"{name} must be a non-empty string of at most {limit} "
+                              "characters, without NUL", field=name)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{name} is not valid Unicode", field=name) from None
+    return value
+
+
 def _check_session_id(session_id: Any) -> str:
-    if not isinstance(session_id, str) or not session_id.strip():
-        raise InvalidArgument("session_id must be a non-empty string", field="session_id")
-    if len(session_id) > MAX_SESSION_ID or "\x00" in session_id:
-        raise InvalidArgument(
-            f"session_id must be at most {MAX_SESSION_ID} characters, without NUL",
-            field="session_id")
-    return session_id
+    return _check_text(session_id, "session_id", limit=MAX_SESSION_ID)
 
 
 def _check_key(key: Any) -> str | None:
-    if key is None:
-        return None
-    if not isinstance(key, str) or not key or len(key) > 200 or "\x00" in key:
-        raise InvalidArgument("idempotency_key must be a non-empty string of at most 200 "
-                              "characters", field="idempotency_key")
-    return key
+    return None if key is None else _check_text(key, "idempotency_key")
 
 
 def _check_seq(value: Any, name: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgument(f"{name} must be a non-negative int", field=name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
+        raise InvalidArgument(f"{name} must be an int in 0..2**63-1", field=name)
     return value
+
+
+def _check_mapping(value: Any, name: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{name} must be a dict, not {type(value).__name__}", field=name)
+    try:
+        copied: dict[str, Any] = copy_json(dict(value), name)
+    except InvalidMessage as exc:
+        raise InvalidArgument(str(exc.args[0]), field=name) from None
+    return copied
+
+
+def _checked_tokens(tokens: int) -> int:
+    if tokens > MAX_TOKENS:
+        raise InvalidMessage(f"the message counts {tokens} tokens; the ledger holds at most "
+                             f"{MAX_TOKENS} per message (check the token counter's ratio)",
+                             field="tokens")
+    return tokens
 
 
 PRE_COMPACT_LABEL = "auto:pre-compact"
@@ -223,6 +250,11 @@ class Session:
 
     async def usage(self, model: str | None = None, max_tokens: int | None = None) -> Usage:
         """Tokens, budget, fraction and state (healthy/warning/critical/overflow); O(1)."""
+        if model is not None:
+            _check_text(model, "model")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(
+                max_tokens, int) or max_tokens <= 0):
+            raise InvalidArgument("max_tokens must be a positive int", field="max_tokens")
         b = self.budget(model=model, max_tokens=max_tokens)
         return usage(await self.get_token_count(), b,
                      thresholds_for(model or self.model, self._config.profile))
@@ -293,7 +325,7 @@ class Session:
         expected = _check_seq(expected_seq, "expected_seq")
         if not isinstance(critical, bool) or not isinstance(ephemeral, bool):
             raise InvalidArgument("critical and ephemeral must be bools")
-        tokens = self.counter.count_message(copied)
+        tokens = _checked_tokens(self.counter.count_message(copied))
         seq: int | None
         if ephemeral:
             if key is not None or expected is not None:
@@ -306,18 +338,29 @@ class Session:
             seq = None
         else:
             await self._ensure_tail()
-            payloads: list[Payload] = []
             open_calls = self._open
+            synthetic: list[Payload] = []
             if open_calls is not None and not (
                     set(result_ids(copied)) & set(open_calls.missing)):
-                for syn in synthetic_results(open_calls.call, open_calls.after,
-                                             open_calls.missing, self.counter):
-                    payloads.append(MessageAppended(dict(syn.message), syn.tokens, False,
-                                                    self.counter.name, origin="synthetic"))
+                synthetic = [
+                    MessageAppended(dict(syn.message), syn.tokens, False, self.counter.name,
+                                    origin="synthetic")
+                    for syn in synthetic_results(open_calls.call, open_calls.after,
+                                                 open_calls.missing, self.counter)]
+            payloads = [*synthetic, MessageAppended(copied, tokens, critical, self.counter.name)]
+            # Synthetic results are decided from this process's view of the tail: pin the
+            # batch to the head they were decided at, and decide again if someone wrote.
+            pin = self._head if synthetic and expected is None else expected
+            try:
+                seq = await self._append(payloads, expected_seq=pin, idempotency_key=key)
+            except ConcurrencyError:
+                if expected is not None or not synthetic:
+                    raise
+                await self.refresh()
+                return await self.add_message(message, critical=critical,
+                                              idempotency_key=key)
+            if synthetic:
                 self._open = None
-            payloads.append(MessageAppended(copied, tokens, critical, self.counter.name))
-            seq = await self._append(payloads, expected_seq=expected,
-                                     idempotency_key=key)
             self._track(ViewItem(ref=(seq, 0), ord=seq * ORD_STRIDE, message=copied,
                                  tokens=tokens, critical=critical))
         if self.hooks.has_listeners(hk.MESSAGE_ADDED):
@@ -345,7 +388,7 @@ class Session:
         if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
             raise InvalidArgument("set_messages takes a list of messages")
         copies = [validate_message(m) for m in messages]
-        tokens = tuple(self.counter.count_message(m) for m in copies)
+        tokens = tuple(_checked_tokens(self.counter.count_message(m)) for m in copies)
         self._ephemeral.clear()
         return await self._append([MessagesReplaced(tuple(copies), tokens, self.counter.name)])
 
@@ -354,8 +397,8 @@ class Session:
         return await self._append([SessionCleared()])
 
     async def checkpoint(self, label: str | None = None) -> Checkpoint:
-        if label is not None and (not isinstance(label, str) or not label or len(label) > 200):
-            raise InvalidArgument("a checkpoint label must be a non-empty string (≤ 200 chars)")
+        if label is not None:
+            _check_text(label, "label")
         if isinstance(label, str) and label.isdigit():
             raise InvalidArgument("a checkpoint label cannot be all digits (it would read as "
                                   "a seq in rollback)")
@@ -380,8 +423,9 @@ class Session:
         elif isinstance(to, bool):
             raise InvalidArgument("rollback takes a Checkpoint, a label or a seq")
         elif isinstance(to, int):
-            to_seq = to
+            to_seq = _check_seq(to, "to") or 0
         elif isinstance(to, str):
+            _check_text(to, "label")
             matches = [c for c in await self.checkpoints() if c.label == to]
             if not matches:
                 raise CheckpointNotFound(f"no checkpoint labelled {to!r} in session "
@@ -391,8 +435,9 @@ class Session:
             raise InvalidArgument("rollback takes a Checkpoint, a label or a seq")
         self._ephemeral.clear()
         seq = await self._append([RolledBack(to_seq, checkpoint_seq, label)])
-        await self.refresh()
+        await self.refresh()  # the model and settings in force at the target come back too
         self._config = self._ledger._config_from(self._info.config)
+        self.counter = self._ledger.counter_for(self._info.model, self._config)
         return seq
 
     async def record_summary(
@@ -401,36 +446,46 @@ class Session:
     ) -> int:
         """Low-level: one summary item replaces the view items positioned in the range."""
         for name, v in (("from_seq", from_seq), ("to_seq", to_seq)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InvalidArgument(f"{name} must be a positive int")
+            if not _check_seq(v, name):
+                raise InvalidArgument(f"{name} must be a positive int", field=name)
         if isinstance(summary, str):
             if not summary.strip():
                 raise InvalidArgument("a summary cannot be empty")
             message: dict[str, Any] = validate_message({"role": role, "content": summary})
         else:
             message = validate_message(summary)
-        payload = SummaryRecorded(from_seq, to_seq, message, self.counter.count_message(message),
-                                  copy_json(dict(audit or {}), "audit"))
+        payload = SummaryRecorded(from_seq, to_seq, message,
+                                  _checked_tokens(self.counter.count_message(message)),
+                                  _check_mapping(audit, "audit"))
         return await self._append([payload])
 
     async def update_config(self, config: Mapping[str, Any] | ContextConfig) -> int:
         """Record new settings; replay then knows which were in force at every seq."""
         new = config if isinstance(config, ContextConfig) else self._config.merged(config)
-        self._ledger._remember_secrets(new)
-        seq = await self._append([ConfigChanged(new.to_dict())])
-        self._config = new
-        await self.refresh()
-        return seq
+        return await self._change(new, None)
 
     async def set_model(self, model: str) -> int:
         """Switch model: the current view is recounted once with the new counter (an event)."""
-        if not isinstance(model, str) or not model:
-            raise InvalidArgument("model must be a non-empty string", field="model")
-        counter = self._ledger.counter_for(model, self._config)
-        items = await self._store.read_view(self.session_id)
-        recount = tuple((i.ref, counter.count_message(i.message)) for i in items)
-        seq = await self._append([ModelChanged(model, counter.name, recount)])
-        self.counter = counter
+        return await self._change(None, _check_text(model, "model"))
+
+    async def _change(self, config: ContextConfig | None, model: str | None) -> int:
+        """Record a settings and/or model change as one batch: both land, or neither."""
+        payloads: list[Payload] = []
+        new_config = config or self._config
+        new_model = model or self.model
+        counter = self._ledger.counter_for(new_model, new_config)
+        if config is not None:
+            self._ledger._remember_secrets(config)
+            payloads.append(ConfigChanged(config.to_dict()))
+        if model is not None or counter.name != self.counter.name:  # recount once
+            items = await self._store.read_view(self.session_id)
+            recount = tuple((i.ref, _checked_tokens(counter.count_message(i.message)))
+                            for i in items)
+            payloads.append(ModelChanged(new_model, counter.name, recount))
+        if not payloads:
+            return self._head
+        seq = await self._append(payloads)
+        self._config, self.counter = new_config, counter
         await self.refresh()
         return seq
 
@@ -572,15 +627,16 @@ class Session:
         message = {"role": scfg.summary_role, "content": text}
         tokens = self.counter.count_message(message)
         audit = {
-            "covered": [min(i.position for i in covered), max(i.position for i in covered)],
+            "covered": [covered[0].position, covered[-1].position],
             "prior_summary_seq": priors[-1].seq if priors else None, "model": model,
             "attempts": attempts, "tokens_before": before, "tokens_after": tokens,
             "prompt_version": prompt_version,
             "custom_instructions": decision.custom_instructions, "trigger": trigger,
             "counter": self.counter.name,
         }
-        payload = SummaryRecorded(min(i.position for i in covered),
-                                  max(i.position for i in covered), message, tokens, audit)
+        first, last = covered[0].place, covered[-1].place
+        payload = SummaryRecorded(first[0], last[0], message, tokens, audit,
+                                  from_part=first[1], to_part=last[1])
         await self._append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
         await self.hooks.emit(hk.SUMMARIZATION, {
             "summary_length": len(text), "preserved_messages": len(items) - len(covered),
@@ -822,9 +878,9 @@ class Ledger:
         """Open (or create) a session. A different ``config`` or ``model`` is recorded."""
         self._check_open()
         _check_session_id(session_id)
-        if model is not None and (not isinstance(model, str) or not model):
-            raise InvalidArgument("model must be a non-empty string", field="model")
-        meta = copy_json(dict(metadata or {}), "metadata")
+        if model is not None:
+            _check_text(model, "model")
+        meta = _check_mapping(metadata, "metadata")
         passed: ContextConfig | None = None
         if isinstance(config, ContextConfig):
             passed = config
@@ -850,12 +906,12 @@ class Ledger:
             wanted = stored.merged(config)
         else:
             wanted = passed or stored
-        if wanted.to_dict() != stored.to_dict():
-            await session.update_config(wanted)
-        else:
+        changed = wanted.to_dict() != stored.to_dict()
+        new_model = model if model is not None and model != info.model else None
+        if changed or new_model:
+            await session._change(wanted if changed else None, new_model)
+        if not changed:
             session._config = wanted  # same settings, possibly with this process's secrets
-        if model is not None and model != info.model:
-            await session.set_model(model)
         return session
 
     async def sessions(self) -> list[SessionInfo]:

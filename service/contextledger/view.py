@@ -44,6 +44,11 @@ class ViewItem:
         return self.ord // ORD_STRIDE
 
     @property
+    def place(self) -> tuple[int, int]:
+        """``(position, part)``: unique in a view, ordered like the view."""
+        return divmod(self.ord, ORD_STRIDE)
+
+    @property
     def role(self) -> str:
         return str(self.message.get("role", ""))
 

@@ -153,7 +153,9 @@ class MemoryStore(Store):
         return events
 
     async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
-        return tuple(self._get(session_id).view)
+        # copies, as PostgreSQL's freshly decoded rows are: callers cannot reach the ledger
+        return tuple(replace(i, message=copy.deepcopy(i.message))
+                     for i in self._get(session_id).view)
 
     async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(dict(i.message)) for i in self._get(session_id).branch]

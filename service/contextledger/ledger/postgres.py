@@ -26,6 +26,7 @@ import structlog
 from ..errors import (
     ConcurrencyError,
     IdempotencyConflict,
+    InvalidArgument,
     LedgerUnavailable,
     MigrationRequired,
     SessionExists,
@@ -124,7 +125,7 @@ def _item(row: asyncpg.Record) -> ViewItem:
 def _event(session_id: str, row: asyncpg.Record) -> Event:
     data = json.loads(row[4])
     return Event(session_id, row[0], decode(row[2], row[3], data), row[6], row[8], row[5],
-                 row[7], row[1], data)
+                 row[7], row[1], data, row[3])
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -148,6 +149,7 @@ class PostgresStore(Store):
         # pooled connection per statement cost ~40-55 µs (bench/ledger.py).
         self._idle: list[asyncpg.Connection] = []
         self._lent = 0
+        self._closing = False
         self._hot_max = hot_connections
 
     @classmethod
@@ -198,15 +200,36 @@ class PostgresStore(Store):
             return await self._pool.fetchval(query, *args)
         try:
             result = await conn.fetchval(query, *args)
-        except asyncpg.PostgresError:
-            self._idle.append(conn)
-            raise
+        except asyncpg.PostgresError as exc:
+            if not isinstance(exc, asyncpg.PostgresConnectionError):
+                await self._give_back(conn)
+                raise
+            await self._drop(conn)
+            raise LedgerUnavailable(f"lost the connection to the ledger: {exc}") from exc
+        except (asyncpg.InterfaceError, OSError) as exc:
+            await self._drop(conn)
+            raise LedgerUnavailable(f"lost the connection to the ledger: {exc}") from exc
         except BaseException:
+            await self._drop(conn)
+            raise
+        await self._give_back(conn)
+        return result
+
+    async def _drop(self, conn: asyncpg.Connection) -> None:
+        """Hand a connection in an unknown state back to the pool, which resets or
+        replaces it."""
+        self._lent -= 1
+        try:
+            await self._pool.release(conn)
+        except Exception as exc:  # already broken: the pool has terminated it
+            log.debug("hot_connection_dropped", error=str(exc))
+
+    async def _give_back(self, conn: asyncpg.Connection) -> None:
+        if self._closing:  # close() is waiting for every connection to come home
             self._lent -= 1
             await self._pool.release(conn)
-            raise
-        self._idle.append(conn)
-        return result
+        else:
+            self._idle.append(conn)
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._locks.get(session_id)
@@ -507,11 +530,15 @@ class PostgresStore(Store):
             except asyncpg.RaiseError as exc:
                 if "no session" in str(exc):
                     raise SessionNotFound(f"no session {session_id!r}") from None
+                if "reason" in str(exc):
+                    raise InvalidArgument("a purge needs a non-blank reason",
+                                          field="reason") from None
                 raise
         self._heads.pop(session_id, None)
         return n
 
     async def close(self) -> None:
+        self._closing = True
         while self._idle:
             await self._pool.release(self._idle.pop())
         self._lent = 0

@@ -107,7 +107,7 @@ def _check_admissible(state: State, payload: Payload) -> None:
         if payload.from_seq > payload.to_seq:
             raise InvalidArgument(f"summary range {payload.from_seq}..{payload.to_seq} is empty")
         covered = [n for n, i in enumerate(state.view)
-                   if payload.from_seq <= i.position <= payload.to_seq]
+                   if payload.covers(i.place)]
         if not covered:
             raise InvalidArgument(
                 f"summary range {payload.from_seq}..{payload.to_seq} covers no item of the view"
@@ -263,5 +263,6 @@ class Store(abc.ABC):
 
     async def verify(self, session_id: str) -> VerifyReport:
         info = await self.session_info(session_id)
-        events = [e async for e in self.read_events(session_id)]
+        # up to the head we read: a writer appending meanwhile is not "extra events"
+        events = [e async for e in self.read_events(session_id, 1, info.head)]
         return verify_chain(session_id, events, info.head, info.last_hash)
