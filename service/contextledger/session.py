@@ -120,7 +120,6 @@ def _checked_tokens(tokens: int) -> int:
 
 PRE_COMPACT_LABEL = "auto:pre-compact"
 STRATEGIES = ("truncate", "priority", "importance", "summarize")
-PreCompact = PreCompactHandler
 FallbackHook = Callable[[str, str, BaseException], Awaitable[None] | None]
 
 
