@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 import yaml
 
 from contextledger.errors import ConfigError
+from contextledger.ledger.dsn import redact
 
 Strategy = Literal["truncate", "priority", "importance", "summarize"]
 Profile = Literal["conservative", "balanced", "aggressive"]
@@ -35,7 +36,6 @@ SUMMARY_POSITIONS: tuple[str, ...] = ("in_place",)
 REDACTED = "***"
 
 _COUNTER_RE = re.compile(r"^(auto|tiktoken|litellm|chars)(?::(.+))?$")
-_DSN_PASSWORD_RE = re.compile(r"^(?P<head>[a-zA-Z][\w+.-]*://[^:/@]*:)(?P<pw>[^@]*)(?P<at>@)")
 _SECRET_KEYS = frozenset({"api_key", "password", "secret", "token"})
 
 T = TypeVar("T")
@@ -134,11 +134,6 @@ def _thaw(value: Any, *, redact: bool) -> Any:
     if isinstance(value, tuple | list):
         return [_thaw(v, redact=redact) for v in value]
     return value
-
-
-def redact_dsn(dsn: str) -> str:
-    """``postgresql://u:secret@h/db`` -> ``postgresql://u:***@h/db``; other DSNs unchanged."""
-    return _DSN_PASSWORD_RE.sub(lambda m: f"{m['head']}{REDACTED}{m['at']}", dsn, count=1)
 
 
 # --------------------------------------------------------------------------- summarizer
@@ -468,7 +463,7 @@ class ContextConfig:
             if f.name == "summarizer":
                 out[f.name] = self.summarizer.to_dict(redact=True)
             elif f.name == "dsn":
-                out[f.name] = None if value is None else redact_dsn(value)
+                out[f.name] = None if value is None else redact(value)
             else:
                 out[f.name] = _thaw(value, redact=True)
         return out
