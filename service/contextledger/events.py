@@ -8,6 +8,7 @@ keeps reading the old one, so every event ever written stays readable.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -288,6 +289,8 @@ class Event:
     data: Mapping[str, Any] | None = None
     #: The schema version it was written with (not the reading code's VERSION).
     stored_version: int | None = None
+    #: ``data`` as canonical JSON, when this process encoded it (reused on the wire).
+    encoded: bytes | None = field(default=None, repr=False, compare=False)
 
     @property
     def type(self) -> str:
@@ -306,8 +309,10 @@ class Event:
 
 
 def timestamp(dt: datetime) -> str:
-    """Microsecond UTC text: exactly what timestamptz keeps."""
-    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """Microsecond UTC text: exactly what timestamptz keeps (``%Y-%m-%dT%H:%M:%S.%fZ``)."""
+    d = dt.astimezone(UTC)
+    return (f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:"
+            f"{d.second:02d}.{d.microsecond:06d}Z")
 
 
 def event_hash(
@@ -315,11 +320,31 @@ def event_hash(
     data: Mapping[str, Any], tokens: int, created_at: datetime, idempotency_key: str | None,
 ) -> str:
     """sha256(previous hash ‖ canonical encoding of the event), hex."""
-    body = canonical_json({
-        "session_id": session_id, "seq": seq, "type": type_, "version": version,
-        "data": data, "tokens": tokens, "created_at": timestamp(created_at),
-        "idempotency_key": idempotency_key,
-    })
+    return chain_hash(prev_hash, canonical_body(
+        session_id=session_id, seq=seq, type_=type_, version=version,
+        data_json=canonical_json(data), tokens=tokens, created_at=created_at,
+        idempotency_key=idempotency_key))
+
+
+def canonical_body(
+    *, session_id: str, seq: int, type_: str, version: int, data_json: bytes, tokens: int,
+    created_at: datetime, idempotency_key: str | None,
+) -> bytes:
+    """``canonical_json`` of the event envelope, composed around already-encoded data.
+
+    Byte for byte what ``canonical_json({...})`` gives (keys sorted, no spaces), but
+    the message inside ``data`` is encoded once per append instead of twice.
+    """
+    def s(value: str | None) -> str:
+        return json.dumps(value, ensure_ascii=False)
+
+    head = f'{{"created_at":{s(timestamp(created_at))},"data":'
+    tail = (f',"idempotency_key":{s(idempotency_key)},"seq":{seq},"session_id":{s(session_id)},'
+            f'"tokens":{tokens},"type":{s(type_)},"version":{version}}}')
+    return head.encode() + data_json + tail.encode()
+
+
+def chain_hash(prev_hash: str, body: bytes) -> str:
     return hashlib.sha256(bytes.fromhex(prev_hash) + body).hexdigest()
 
 
@@ -330,14 +355,14 @@ def make_event(
     if created_at.tzinfo is None:
         raise ValueError("created_at must be timezone-aware (a naive time hashes differently "
                          "on machines in other time zones)")
-    created = created_at
     tokens = payload_tokens(payload)
-    digest = event_hash(
-        prev_hash, session_id=session_id, seq=seq, type_=payload.TYPE,
-        version=payload.VERSION, data=payload.to_data(), tokens=tokens, created_at=created,
-        idempotency_key=idempotency_key,
-    )
-    return Event(session_id, seq, payload, created, digest, tokens, idempotency_key)
+    data_json = canonical_json(payload.to_data())
+    digest = chain_hash(prev_hash, canonical_body(
+        session_id=session_id, seq=seq, type_=payload.TYPE, version=payload.VERSION,
+        data_json=data_json, tokens=tokens, created_at=created_at,
+        idempotency_key=idempotency_key))
+    return Event(session_id, seq, payload, created_at, digest, tokens, idempotency_key,
+                 encoded=data_json)
 
 
 def rehash(event: Event, prev_hash: str, data: Mapping[str, Any]) -> str:

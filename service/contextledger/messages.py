@@ -29,6 +29,9 @@ def _copy_json(value: Any, path: str, depth: int) -> JSONValue:
     """Deep-copy ``value`` while checking it is plain JSON that jsonb can hold exactly."""
     if depth > MAX_DEPTH:
         raise InvalidMessage(f"{path}: nested deeper than {MAX_DEPTH} levels", field=path)
+    if type(value) is str:  # the common leaf first
+        _check_text(value, path)
+        return value
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
@@ -153,12 +156,14 @@ def _canonical_numbers(value: Any) -> Any:
 
 
 def _has_float(value: Any) -> bool:
-    if isinstance(value, float):
+    kind = type(value)
+    if kind is float:
         return True
-    if isinstance(value, dict):
-        return any(_has_float(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(_has_float(v) for v in value)
+    if kind is dict or kind is list or kind is tuple:
+        for item in (value.values() if kind is dict else value):
+            t = type(item)
+            if t is float or ((t is dict or t is list or t is tuple) and _has_float(item)):
+                return True
     return False
 
 

@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from contextledger.events import (
     GENESIS_HASH,
@@ -399,3 +401,29 @@ def test_verify_finds_a_wrong_last_hash() -> None:
     report = verify_chain(SID, events, 5, events[3].hash)
     assert (report.ok, report.first_bad_seq) == (False, 5)
     assert report.reason is not None and "last_hash" in report.reason
+
+
+@given(
+    data=st.dictionaries(st.text(max_size=5), st.one_of(
+        st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=10)), max_size=5),
+    seq=st.integers(1, 2**40), tokens=st.integers(0, 2**31 - 1),
+    key=st.none() | st.text(max_size=8), session_id=st.text(min_size=1, max_size=8),
+)
+def test_composed_body_is_the_canonical_encoding_of_the_envelope(
+    data: dict[str, object], seq: int, tokens: int, key: str | None, session_id: str
+) -> None:
+    """The hot path composes the envelope around pre-encoded data; it must equal the
+    canonical encoding of the whole envelope, or verify would disagree with append."""
+    from contextledger.events import canonical_body, timestamp
+    from contextledger.messages import canonical_json
+
+    at = datetime(2026, 11, 21, 6, 7, 8, 901234, tzinfo=UTC)
+    composed = canonical_body(session_id=session_id, seq=seq, type_="message.appended",
+                              version=1, data_json=canonical_json(data), tokens=tokens,
+                              created_at=at, idempotency_key=key)
+    whole = canonical_json({"session_id": session_id, "seq": seq, "type": "message.appended",
+                            "version": 1, "data": data, "tokens": tokens,
+                            "created_at": timestamp(at), "idempotency_key": key})
+    assert composed == whole
+    assert timestamp(at) == at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")

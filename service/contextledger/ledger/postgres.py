@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -44,6 +44,7 @@ from ..events import (
 from ..messages import dumps
 from ..projection import State, fold
 from ..view import ORD_STRIDE, ViewItem
+from .batching import AppendBatcher
 from .dsn import asyncpg_dsn, redact
 from .store import (
     AppendResult,
@@ -71,6 +72,29 @@ WITH s AS (
     SELECT $1, $2, 'message.appended', $3, $4::jsonb, $5, $6, $7, $8 FROM s
 )
 SELECT view_tokens FROM s
+"""
+
+#: The same append for many sessions at once (see batching.py): one round trip, one commit.
+APPEND_MESSAGES = f"""
+WITH i AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::smallint[], $4::text[], $5::int[],
+                         $6::timestamptz[], $7::text[], $8::text[])
+        AS t(session_id, seq, version, data, tokens, created_at, idempotency_key, hash)
+), s AS (
+    UPDATE {S}.sessions x
+       SET head = i.seq, last_hash = i.hash, view_tokens = x.view_tokens + i.tokens,
+           view_count = x.view_count + 1
+      FROM i
+     WHERE x.session_id = i.session_id AND x.head = i.seq - 1
+ RETURNING x.session_id, x.view_tokens
+), e AS (
+    INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
+                            idempotency_key, hash)
+    SELECT i.session_id, i.seq, 'message.appended', i.version, i.data::jsonb, i.tokens,
+           i.created_at, i.idempotency_key, i.hash
+      FROM i JOIN s ON s.session_id = i.session_id
+)
+SELECT session_id, view_tokens FROM s
 """
 
 SESSION_COLUMNS = ("session_id, created_at, model, config::text, metadata::text, head, "
@@ -150,6 +174,7 @@ class PostgresStore(Store):
         self._idle: list[asyncpg.Connection] = []
         self._lent = 0
         self._closing = False
+        self._batcher = AppendBatcher(self._append_one, self._append_many)
         self._hot_max = hot_connections
 
     @classmethod
@@ -180,7 +205,15 @@ class PostgresStore(Store):
                 f"code needs {head!r}. Run `contextledger migrate --dsn '{redact(self._dsn)}'` "
                 "(or open the ledger with migrate=True).", current=current, required=head)
 
-    async def _hot_fetchval(self, query: str, *args: Any) -> Any:
+    async def _append_one(self, row: tuple[Any, ...]) -> Any:
+        return await self._hot(lambda conn: conn.fetchval(APPEND_MESSAGE, *row))
+
+    async def _append_many(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        columns = [list(c) for c in zip(*rows, strict=True)]
+        records = await self._hot(lambda conn: conn.fetch(APPEND_MESSAGES, *columns))
+        return {r[0]: r[1] for r in records}
+
+    async def _hot(self, call: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
         """``fetchval`` on a kept connection; falls back to the pool when all are busy.
 
         A server-side error leaves the connection usable; anything else (a dropped
@@ -197,9 +230,10 @@ class PostgresStore(Store):
                 self._lent -= 1
                 raise
         else:
-            return await self._pool.fetchval(query, *args)
+            async with self._pool.acquire() as pooled:
+                return await call(pooled)
         try:
-            result = await conn.fetchval(query, *args)
+            result = await call(conn)
         except asyncpg.PostgresError as exc:
             if not isinstance(exc, asyncpg.PostgresConnectionError):
                 await self._give_back(conn)
@@ -301,7 +335,6 @@ class PostgresStore(Store):
         expected_seq: int | None, key: str | None,
     ) -> AppendResult:
         data = payload.to_data()
-        data_json = dumps(data)
         head, last_hash = await self._head(session_id)
         for _ in range(_RETRIES):
             if expected_seq is not None and expected_seq != head:
@@ -316,10 +349,12 @@ class PostgresStore(Store):
                         expected_seq=expected_seq, head=head)
             event = make_event(session_id, head + 1, payload, last_hash,
                                created_at=created_at, idempotency_key=key)
+            assert event.encoded is not None
+            data_json = event.encoded.decode()  # the canonical text, encoded once
             try:
-                view_tokens = await self._hot_fetchval(
-                    APPEND_MESSAGE, session_id, event.seq, event.version, data_json,
-                    event.tokens, created_at, key, event.hash)
+                view_tokens = await self._batcher.submit(
+                    (session_id, event.seq, event.version, data_json, event.tokens,
+                     created_at, key, event.hash))
             except asyncpg.UniqueViolationError as exc:
                 if key is not None and "idempotency" in str(exc.constraint_name or ""):
                     return await self._duplicate(session_id, key, data)
