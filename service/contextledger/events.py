@@ -8,10 +8,10 @@ keeps reading the old one, so every event ever written stays readable.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from json.encoder import encode_basestring
 from typing import Any, ClassVar
 
 from .messages import canonical_json
@@ -336,7 +336,7 @@ def canonical_body(
     the message inside ``data`` is encoded once per append instead of twice.
     """
     def s(value: str | None) -> str:
-        return json.dumps(value, ensure_ascii=False)
+        return "null" if value is None else encode_basestring(value)
 
     head = f'{{"created_at":{s(timestamp(created_at))},"data":'
     tail = (f',"idempotency_key":{s(idempotency_key)},"seq":{seq},"session_id":{s(session_id)},'

@@ -167,15 +167,19 @@ def _has_float(value: Any) -> bool:
     return False
 
 
+# Built once: json.dumps with non-default options builds a new encoder on every call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> bytes:
     """Deterministic UTF-8 JSON: sorted keys, no spaces, jsonb-stable numbers."""
     if _has_float(value):  # the common message has none: skip the rebuilding pass
         value = _canonical_numbers(value)
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-    ).encode("utf-8")
+    return _CANONICAL.encode(value).encode("utf-8")
 
 
 def dumps(value: Any) -> str:
     """Compact JSON for the wire (not canonical: key order is the caller's)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _COMPACT.encode(value)
