@@ -41,7 +41,7 @@ def _copy_json(value: Any, path: str, depth: int) -> JSONValue:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidMessage(f"{path}: {value!r} is not valid JSON", field=path)
-        return value
+        return float(value)  # a subclass (numpy.float64) would escape has_float
     if isinstance(value, str):
         _check_text(value, path)
         return value
@@ -155,14 +155,16 @@ def _canonical_numbers(value: Any) -> Any:
     return value
 
 
-def _has_float(value: Any) -> bool:
+def has_float(value: Any) -> bool:
+    """Whether any float (or float subclass) sits in ``value``; exact-type checks first."""
     kind = type(value)
-    if kind is float:
+    if kind is float or isinstance(value, float):
         return True
     if kind is dict or kind is list or kind is tuple:
         for item in (value.values() if kind is dict else value):
             t = type(item)
-            if t is float or ((t is dict or t is list or t is tuple) and _has_float(item)):
+            if t is float or (t is not str and isinstance(item, float)) or (
+                    (t is dict or t is list or t is tuple) and has_float(item)):
                 return True
     return False
 
@@ -175,7 +177,7 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 
 def canonical_json(value: Any) -> bytes:
     """Deterministic UTF-8 JSON: sorted keys, no spaces, jsonb-stable numbers."""
-    if _has_float(value):  # the common message has none: skip the rebuilding pass
+    if has_float(value):  # the common message has none: skip the rebuilding pass
         value = _canonical_numbers(value)
     return _CANONICAL.encode(value).encode("utf-8")
 

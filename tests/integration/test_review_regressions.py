@@ -179,3 +179,122 @@ async def test_callers_cannot_rewrite_history_through_returned_views(ledger: Led
     event = [e async for e in session.events()][-1]
     assert event.payload.message["content"][0]["text"] == "orig"
     assert (await session.verify()).ok
+
+
+# -- second review: group commit, hot path, canonical encoding ---------------------------
+
+
+class F(float):
+    """A float subclass, as numpy.float64 is."""
+
+
+async def test_float_subclasses_hash_as_plain_floats(ledger: Ledger) -> None:
+    session = await ledger.session("fsub")
+    await session.add_message({"role": "user", "content": "score", "score": F(3.0)})
+    assert (await session.verify()).ok
+    await session.add_message({"role": "user", "content": "w", "weight": 1.0, "n": [2.0]})
+    got = (await session.view())[-1]
+    assert type(got["weight"]) is float and type(got["n"][0]) is float  # not 1 / 2
+    assert (await session.verify()).ok
+
+
+async def _hold(dsn: str, ids: list[str]) -> tuple[Any, Any]:
+    import asyncpg
+
+    from contextledger.ledger.dsn import asyncpg_dsn
+
+    blocker = await asyncpg.connect(asyncpg_dsn(dsn))
+    tx = blocker.transaction()
+    await tx.start()
+    await blocker.execute("SELECT 1 FROM contextledger.sessions WHERE session_id = ANY($1)"
+                          " FOR UPDATE", ids)
+    return blocker, tx
+
+
+async def test_batches_from_two_processes_do_not_deadlock(pg_dsn: str) -> None:
+    from contextledger.events import MessageAppended, make_event
+
+    async with Ledger.open(pg_dsn) as h1, Ledger.open(pg_dsn) as h2:
+        ids = [f"d{i:03d}" for i in range(400)]  # enough rows for an index nested loop
+        for sid in ids:
+            await h1.session(sid)
+        await h1.store._pool.execute("ANALYZE contextledger.sessions")  # type: ignore[attr-defined]
+
+        async def row(store: Any, sid: str) -> tuple[Any, ...]:
+            info = await store.session_info(sid)
+            e = make_event(sid, info.head + 1, MessageAppended({"role": "user", "content": "x"}, 1),
+                           info.last_hash, created_at=datetime.now(UTC))
+            assert e.encoded is not None
+            return (sid, e.seq, e.version, e.encoded.decode(), e.tokens, e.created_at, None, e.hash)
+
+        for trial in range(3):
+            a, b = ids[2 * trial], ids[2 * trial + 1]
+            r1 = [await row(h1.store, a), await row(h1.store, b)]
+            r2 = [await row(h2.store, b), await row(h2.store, a)]
+            blocker, tx = await _hold(pg_dsn, [a, b])
+            try:
+                f1 = asyncio.ensure_future(h1.store._append_many(r1))  # type: ignore[attr-defined]
+                f2 = asyncio.ensure_future(h2.store._append_many(r2))  # type: ignore[attr-defined]
+                await asyncio.sleep(0.2)
+                await tx.commit()
+                results = await asyncio.gather(f1, f2, return_exceptions=True)
+            finally:
+                await blocker.close()
+            assert not any(isinstance(r, BaseException) for r in results), results
+            assert results[0] == {a: 1, b: 1} or results[1] == {a: 1, b: 1}
+
+
+async def test_a_cancelled_queued_append_is_never_written(pg_dsn: str) -> None:
+    from contextledger.events import MessageAppended
+
+    async with Ledger.open(pg_dsn) as ledger:
+        store: Any = ledger.store
+        for sid in ("cx", "cy", "ca"):
+            await ledger.session(sid)
+        blocker, tx = await _hold(pg_dsn, ["cx", "cy"])
+
+        def msg(text: str) -> list[Any]:
+            return [MessageAppended({"role": "user", "content": text}, 1)]
+
+        try:  # two appends stuck on row locks fill the batcher's in-flight slots
+            slow = [asyncio.ensure_future(
+                store.append(s, msg("slow"), created_at=datetime.now(UTC))) for s in ("cx", "cy")]
+            await asyncio.sleep(0.1)
+            with pytest.raises(TimeoutError):  # queued behind them, then given up on
+                await asyncio.wait_for(store.append("ca", msg("hello"),
+                                                    created_at=datetime.now(UTC)), 0.2)
+            retry = asyncio.ensure_future(store.append("ca", msg("hello"),
+                                                       created_at=datetime.now(UTC)))
+            await asyncio.sleep(0.1)
+            await tx.commit()
+            await asyncio.gather(*slow)
+            assert (await retry).seq == 2
+        finally:
+            await blocker.close()
+        texts = [(e.seq, e.payload.message["content"]) async for e in store.read_events("ca")
+                 if e.seq > 1]
+        assert texts == [(2, "hello")]
+
+
+async def test_close_answers_queued_appends_and_returns(pg_dsn: str) -> None:
+    from contextledger.events import MessageAppended
+
+    ledger = await Ledger.open(pg_dsn)
+    store: Any = ledger.store
+    for sid in ("kx", "ky", "ka", "kb"):
+        await ledger.session(sid)
+    blocker, tx = await _hold(pg_dsn, ["kx", "ky"])
+    msg = [MessageAppended({"role": "user", "content": "m"}, 1)]
+    try:
+        tasks = [asyncio.ensure_future(store.append(s, msg, created_at=datetime.now(UTC)))
+                 for s in ("kx", "ky", "ka", "kb")]
+        await asyncio.sleep(0.1)
+        closing = asyncio.ensure_future(ledger.close())
+        await asyncio.sleep(0.1)
+        await tx.commit()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.wait_for(closing, 10)
+    finally:
+        await blocker.close()
+    assert [r.seq for r in results] == [2, 2, 2, 2]  # type: ignore[union-attr]
+    assert store._lent == 0

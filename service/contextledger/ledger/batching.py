@@ -36,17 +36,23 @@ class AppendBatcher:
     """Runs single appends at once and gathers the concurrent ones into batches."""
 
     def __init__(self, run_one: RunOne, run_many: RunMany, *, max_inflight: int = 2,
-                 max_batch: int = 256) -> None:
+                 max_batch: int = 256,
+                 rolled_back: Callable[[BaseException], bool] = lambda exc: True) -> None:
+        self._rolled_back = rolled_back
         self._run_one = run_one
         self._run_many = run_many
         self._max_inflight = max_inflight
         self._max_batch = max_batch
         self._queue: list[_Pending] = []
         self._inflight = 0
+        self._quiet = asyncio.Event()  # set while nothing is queued or in flight
+        self._quiet.set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0  # statements that carried more than one append (observability)
 
     async def submit(self, row: Row) -> Any:
         """The append's result (the row's value, ``None`` if its head check failed)."""
+        self._quiet.clear()
         if self._inflight < self._max_inflight and not self._queue:
             self._inflight += 1
             try:
@@ -57,22 +63,44 @@ class AppendBatcher:
         pending = _Pending(row)
         self._queue.append(pending)
         self._drain()
-        return await pending.future
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            if pending in self._queue:  # never sent: nothing will be written
+                self._queue.remove(pending)
+                self._drain()
+            raise
+
+    async def wait_idle(self) -> None:
+        """Until every accepted append has its answer (``close`` waits for this)."""
+        await self._quiet.wait()
 
     def _drain(self) -> None:
         while self._queue and self._inflight < self._max_inflight:
             batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch:]
             self._inflight += 1
-            asyncio.get_running_loop().create_task(self._flush(batch))
+            task = asyncio.get_running_loop().create_task(self._flush(batch))
+            self._tasks.add(task)  # asyncio keeps only weak references to tasks
+            task.add_done_callback(self._tasks.discard)
+        if not self._queue and not self._inflight:
+            self._quiet.set()
 
     async def _flush(self, batch: list[_Pending]) -> None:
+        batch = [p for p in batch if not p.future.done()]  # cancelled callers: not sent
         try:
+            if not batch:
+                return
             if len(batch) == 1:
                 await self._settle(batch[0])
                 return
             try:
                 results = await self._run_many([p.row for p in batch])
-            except Exception:
+            except Exception as exc:
+                if not self._rolled_back(exc):  # e.g. the connection dropped: maybe committed
+                    for p in batch:
+                        if not p.future.done():
+                            p.future.set_exception(exc)
+                    return
                 # One row spoiled the statement: let each row answer for itself.
                 await asyncio.gather(*(self._settle(p) for p in batch))
                 return

@@ -41,7 +41,7 @@ from ..events import (
     decode,
     make_event,
 )
-from ..messages import dumps
+from ..messages import dumps, has_float
 from ..projection import State, fold
 from ..view import ORD_STRIDE, ViewItem
 from .batching import AppendBatcher
@@ -80,19 +80,22 @@ WITH i AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::smallint[], $4::text[], $5::int[],
                          $6::timestamptz[], $7::text[], $8::text[])
         AS t(session_id, seq, version, data, tokens, created_at, idempotency_key, hash)
+), l AS (  -- row locks in one global order: batches of two processes cannot deadlock
+    SELECT x.session_id FROM {S}.sessions x WHERE x.session_id IN (SELECT session_id FROM i)
+     ORDER BY x.session_id FOR NO KEY UPDATE
 ), s AS (
     UPDATE {S}.sessions x
        SET head = i.seq, last_hash = i.hash, view_tokens = x.view_tokens + i.tokens,
            view_count = x.view_count + 1
-      FROM i
+      FROM i JOIN l ON l.session_id = i.session_id
      WHERE x.session_id = i.session_id AND x.head = i.seq - 1
- RETURNING x.session_id, x.view_tokens
+ RETURNING x.session_id, x.head, x.view_tokens
 ), e AS (
     INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
                             idempotency_key, hash)
     SELECT i.session_id, i.seq, 'message.appended', i.version, i.data::jsonb, i.tokens,
            i.created_at, i.idempotency_key, i.hash
-      FROM i JOIN s ON s.session_id = i.session_id
+      FROM i JOIN s ON s.session_id = i.session_id AND s.head = i.seq
 )
 SELECT session_id, view_tokens FROM s
 """
@@ -174,7 +177,10 @@ class PostgresStore(Store):
         self._idle: list[asyncpg.Connection] = []
         self._lent = 0
         self._closing = False
-        self._batcher = AppendBatcher(self._append_one, self._append_many)
+        self._batcher = AppendBatcher(
+            self._append_one, self._append_many,
+            rolled_back=lambda exc: isinstance(exc, asyncpg.PostgresError)
+            and not isinstance(exc, asyncpg.PostgresConnectionError))
         self._hot_max = hot_connections
 
     @classmethod
@@ -350,7 +356,8 @@ class PostgresStore(Store):
             event = make_event(session_id, head + 1, payload, last_hash,
                                created_at=created_at, idempotency_key=key)
             assert event.encoded is not None
-            data_json = event.encoded.decode()  # the canonical text, encoded once
+            # the canonical text, encoded once -- unless it rewrote numbers (1.0 -> 1)
+            data_json = dumps(data) if has_float(data) else event.encoded.decode()
             try:
                 view_tokens = await self._batcher.submit(
                     (session_id, event.seq, event.version, data_json, event.tokens,
@@ -361,6 +368,8 @@ class PostgresStore(Store):
                 raise
             except asyncpg.ForeignKeyViolationError:
                 raise SessionNotFound(f"no session {session_id!r}") from None
+            except asyncpg.DeadlockDetectedError:  # our one row lock queued behind a cycle
+                view_tokens = None
             if view_tokens is not None:
                 self._heads[session_id] = (event.seq, event.hash)
                 return AppendResult((event.seq,), False, view_tokens)
@@ -573,8 +582,9 @@ class PostgresStore(Store):
         return n
 
     async def close(self) -> None:
+        await self._batcher.wait_idle()  # appends already accepted get their answer
         self._closing = True
         while self._idle:
+            self._lent -= 1
             await self._pool.release(self._idle.pop())
-        self._lent = 0
         await self._pool.close()
