@@ -298,3 +298,21 @@ async def test_close_answers_queued_appends_and_returns(pg_dsn: str) -> None:
         await blocker.close()
     assert [r.seq for r in results] == [2, 2, 2, 2]  # type: ignore[union-attr]
     assert store._lent == 0
+
+
+async def test_request_state_notices_a_view_rewritten_by_another_process(pg_dsn: str) -> None:
+    """Turns this process dropped ephemerally must come back when another process rolls
+    the view back to a point where they fit again."""
+    async with Ledger.open(pg_dsn) as one, Ledger.open(pg_dsn) as two:
+        a = await one.session("stale", config={"token_counter": "chars"})
+        for i in range(20):
+            await a.add_message({"role": "user" if i % 2 == 0 else "assistant",
+                                 "content": f"turn {i} " + "word " * 40})
+        budget = (await a.get_token_count()) // 2
+        first = await a.get_messages_for_request(token_budget=budget)
+        assert len(first) < 20  # this process dropped old turns, ephemerally
+        b = await two.session("stale", create=False)
+        await b.rollback(9)  # seqs 2..9: the first 8 turns, which fit the budget
+        sent = await a.get_messages_for_request(token_budget=budget)
+        assert sent == await b.view()
+        assert len(sent) == 8
