@@ -12,7 +12,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -498,7 +498,8 @@ class Session:
         cap = min(budget, cfg.max_tokens) if cfg.max_tokens else budget
         return math.floor(cfg.compact_threshold * cap), max(1, math.floor(cfg.compact_target * cap))
 
-    async def compact(self, strategy: str | None = None, *, trigger: str = "manual",
+    async def compact(self, strategy: str | None = None, *,
+                      trigger: Literal["manual", "auto"] = "manual",
                       token_budget: int | None = None) -> int:
         """Persist a compaction decision; return the tokens it saved (0: nothing to do).
 
@@ -516,7 +517,7 @@ class Session:
         items = await self._store.read_view(self.session_id)
         before = sum(i.tokens for i in items)
         decision = await hk.decide(self.pre_compact, CompactContext(
-            trigger, before, target, len(items), None))  # type: ignore[arg-type]
+            trigger, before, target, len(items), None))
         if decision.cancel:
             log.info("compaction_cancelled", session_id=self.session_id, trigger=trigger)
             return 0
@@ -644,7 +645,7 @@ class Session:
             "model": model, "tokens_before": before, "tokens_after": tokens})
         return before - tokens
 
-    async def manage(self, *, trigger: str = "manual") -> ManageResult:
+    async def manage(self, *, trigger: Literal["manual", "auto"] = "manual") -> ManageResult:
         """Measure the state and apply what it calls for (Vellum's ``manage``).
 
         warning → prune tool outputs; critical → compact with the configured
