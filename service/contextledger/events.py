@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from json.encoder import encode_basestring
 from typing import Any, ClassVar
 
-from .messages import canonical_json
+from .messages import canonical_json, has_float
 from .view import Ref
 
 GENESIS_HASH = "0" * 64
@@ -289,7 +289,8 @@ class Event:
     data: Mapping[str, Any] | None = None
     #: The schema version it was written with (not the reading code's VERSION).
     stored_version: int | None = None
-    #: ``data`` as canonical JSON, when this process encoded it (reused on the wire).
+    #: ``data`` as canonical JSON, when this process encoded it and that text is also the
+    #: data as given (no number rewritten for hashing, 1.0 -> 1): reusable on the wire.
     encoded: bytes | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -356,13 +357,15 @@ def make_event(
         raise ValueError("created_at must be timezone-aware (a naive time hashes differently "
                          "on machines in other time zones)")
     tokens = payload_tokens(payload)
-    data_json = canonical_json(payload.to_data())
+    data = payload.to_data()
+    floats = has_float(data)
+    data_json = canonical_json(data, floats=floats)
     digest = chain_hash(prev_hash, canonical_body(
         session_id=session_id, seq=seq, type_=payload.TYPE, version=payload.VERSION,
         data_json=data_json, tokens=tokens, created_at=created_at,
         idempotency_key=idempotency_key))
     return Event(session_id, seq, payload, created_at, digest, tokens, idempotency_key,
-                 encoded=data_json)
+                 encoded=None if floats else data_json)
 
 
 def rehash(event: Event, prev_hash: str, data: Mapping[str, Any]) -> str:

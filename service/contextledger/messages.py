@@ -175,9 +175,12 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def canonical_json(value: Any) -> bytes:
-    """Deterministic UTF-8 JSON: sorted keys, no spaces, jsonb-stable numbers."""
-    if has_float(value):  # the common message has none: skip the rebuilding pass
+def canonical_json(value: Any, *, floats: bool | None = None) -> bytes:
+    """Deterministic UTF-8 JSON: sorted keys, no spaces, jsonb-stable numbers.
+
+    ``floats``: whether ``value`` holds any, if the caller already knows.
+    """
+    if has_float(value) if floats is None else floats:  # most messages have none
         value = _canonical_numbers(value)
     return _CANONICAL.encode(value).encode("utf-8")
 

@@ -166,8 +166,6 @@ class Session:
         self.on_fallback: FallbackHook | None = None
         self._ephemeral: list[ViewItem] = []
         self._request_state: RequestState | None = None
-        #: (highest ord, refs up to it) of the view the request state was planned on
-        self._request_seen: tuple[int, frozenset[tuple[int, int]]] | None = None
         self._open: _OpenCalls | None = None
         self._tail_known = False
         self._compacting = False
@@ -723,11 +721,6 @@ class Session:
             # would get an ephemeral pass: a changed prefix, and request_at != sent.
             await self._auto_summarize(budget - bridge_cost(self.counter))
         items = await self.view_items()
-        if self._request_seen is not None:
-            horizon, seen = self._request_seen
-            if frozenset(i.ref for i in items if i.ord <= horizon) != seen:
-                # the view was rewritten (by another process, say): plan afresh
-                self._request_state = None
         previous = self._request_state
         budget -= bridge_reserve(items, self.counter)  # finish may add bridge messages
         try:
@@ -741,8 +734,6 @@ class Session:
                 "estimated_tokens": sum(i.tokens for i in items), "context_limit": budget})
             raise exc
         self._request_state = state
-        self._request_seen = (max((i.ord for i in items), default=-1),
-                              frozenset(i.ref for i in items))
         if state.passes != (previous.passes if previous is not None else 0):
             tokens = sum(i.tokens for i in items)
             await self.hooks.emit(hk.PRE_COMPACT, {

@@ -51,7 +51,3 @@ class ViewItem:
     @property
     def role(self) -> str:
         return str(self.message.get("role", ""))
-
-
-def total_tokens(items: tuple[ViewItem, ...] | list[ViewItem]) -> int:
-    return sum(item.tokens for item in items)

@@ -654,7 +654,7 @@ def test_advance_puts_the_idempotency_key_on_the_last_event_and_chains_hashes() 
         prev = event.hash
     assert step.state.head == 9
     assert not step.branch_reset
-    assert step.config is None and not step.model_changed and step.model == "m"
+    assert step.state.model == "m" and step.state.config == base_state()[1].config
 
 
 def test_advance_single_payload_gets_the_key() -> None:
@@ -672,9 +672,9 @@ def test_advance_reports_branch_reset(payload: Payload, reset: bool) -> None:
     assert run_advance([payload]).branch_reset is reset
 
 
-def test_advance_reports_config_and_model_changes() -> None:
+def test_advance_carries_config_and_model_changes_in_the_state() -> None:
     step = run_advance([ConfigChanged({"k": 5}), ModelChanged("m9", "c9")])
-    assert step.config == {"k": 5}
-    assert step.model_changed and step.model == "m9"
+    assert step.state.config == {"k": 5}
+    assert step.state.model == "m9" and step.state.counter == "c9"
     same_model = run_advance([ModelChanged("m", "c9")])
-    assert not same_model.model_changed and same_model.config is None
+    assert same_model.state.model == "m" and same_model.state.counter == "c9"

@@ -19,9 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from contextledger.compaction.plan import Layout, Plan, Ranking, run
-from contextledger.config import ContextConfig
-from contextledger.tokens import TokenCounter
+from contextledger.compaction.plan import Layout, Ranking
 from contextledger.units import is_human_turn, is_tool_message
 from contextledger.view import ViewItem
 
@@ -128,23 +126,3 @@ def importance_ranking(layout: Layout) -> Ranking:
     forced = tuple(k for k, s in enumerate(unit_scores) if s < floor and k < layout.recent_unit)
     order = sorted(range(len(layout.units)), key=lambda k: (unit_scores[k], k))
     return Ranking(forced=forced, order=tuple(order))
-
-
-def importance(
-    items: Sequence[ViewItem],
-    *,
-    target_tokens: int,
-    config: ContextConfig,
-    counter: TokenCounter,
-    budget_tokens: int | None = None,
-) -> Plan:
-    """Plan an importance-based compaction (see the module docstring)."""
-    return run(
-        items,
-        target_tokens=target_tokens,
-        budget_tokens=budget_tokens,
-        config=config,
-        counter=counter,
-        strategy="importance",
-        ranker=importance_ranking,
-    )

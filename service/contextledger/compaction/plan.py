@@ -34,7 +34,7 @@ from typing import Any
 from contextledger.config import ContextConfig
 from contextledger.errors import CompactionError, InvalidArgument
 from contextledger.tokens import TokenCounter
-from contextledger.units import Unit, group_units, is_human_turn, repair
+from contextledger.units import Unit, group_units, is_human_turn, repair, unit_index
 from contextledger.view import Ref, ViewItem
 
 
@@ -137,14 +137,6 @@ def _recent_unit(
     return 0
 
 
-def _owner(units: Sequence[Unit], size: int) -> list[int]:
-    owner = [0] * size
-    for k, unit in enumerate(units):
-        for pos in range(unit.start, unit.stop):
-            owner[pos] = k
-    return owner
-
-
 def _protected(
     items: Sequence[ViewItem], units: Sequence[Unit], owner: Sequence[int], config: ContextConfig
 ) -> list[bool]:
@@ -230,7 +222,7 @@ def run(
         return finish(set(), {}, {}, [])
 
     units = group_units(work)
-    owner = _owner(units, len(work))
+    owner = unit_index(units, len(work))
     protected = _protected(work, units, owner, config)
     core_raw = sum(work[p].tokens for p in range(len(work)) if protected[owner[p]])
     warnings: list[str] = []

@@ -9,13 +9,8 @@ is met. Summaries and protected units are handled by the engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from contextledger.compaction.plan import Layout, Plan, Ranking, run
-from contextledger.config import ContextConfig
-from contextledger.tokens import TokenCounter
+from contextledger.compaction.plan import Layout, Ranking
 from contextledger.units import is_tool_message
-from contextledger.view import ViewItem
 
 SYSTEM = 100
 ANCHOR = 90
@@ -46,23 +41,3 @@ def priority_ranking(layout: Layout) -> Ranking:
     priorities = unit_priorities(layout)
     order = sorted(range(len(layout.units)), key=lambda k: (priorities[k], k))
     return Ranking(order=tuple(order))
-
-
-def priority(
-    items: Sequence[ViewItem],
-    *,
-    target_tokens: int,
-    config: ContextConfig,
-    counter: TokenCounter,
-    budget_tokens: int | None = None,
-) -> Plan:
-    """Plan a priority truncation (see the module docstring)."""
-    return run(
-        items,
-        target_tokens=target_tokens,
-        budget_tokens=budget_tokens,
-        config=config,
-        counter=counter,
-        strategy="priority",
-        ranker=priority_ranking,
-    )

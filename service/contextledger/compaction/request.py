@@ -15,8 +15,8 @@ incidents) shape this module:
   request reuses it and only appends what is new. The returned view changes
   before its end only when a new pass runs.
 
-A state is tied to its budget and config: if either changes, planning starts
-afresh. Pure: the caller keeps the state (e.g. in the session object).
+A state is tied to its budget, its config and the part of the view it saw: if any
+changes, planning starts afresh. Pure: the caller keeps the state (e.g. in the session object).
 """
 
 from __future__ import annotations
@@ -43,8 +43,11 @@ class RequestState:
     dropped: frozenset[Ref] = frozenset()
     #: ref -> the pruned item that replaces it
     pruned: Mapping[Ref, ViewItem] = field(default_factory=lambda: MappingProxyType({}))
-    #: ``ord`` of the last item the last pass saw; later items are "new"
-    cut_ord: int | None = None
+    #: the last pass saw the view items ``seen`` up to ``horizon`` (an ord); later items
+    #: are new. If that part of the view changed (rewritten here or by another process),
+    #: the decision no longer applies and planning starts afresh.
+    horizon: int = -1
+    seen: frozenset[Ref] = frozenset()
     #: view tokens right after the last pass
     tokens_after: int = 0
     passes: int = 0
@@ -73,7 +76,12 @@ def plan_request(
 ) -> tuple[tuple[ViewItem, ...], RequestState]:
     """The (provider-valid) view to send and the state to pass to the next call."""
     budget, trigger, target = thresholds(budget_tokens, config)
-    reuse = previous is not None and previous.budget_tokens == budget and previous.config == config
+    reuse = (
+        previous is not None
+        and previous.budget_tokens == budget
+        and previous.config == config
+        and frozenset(i.ref for i in items if i.ord <= previous.horizon) == previous.seen
+    )
     if previous is not None and reuse:
         base = [
             previous.pruned.get(item.ref, item)
@@ -109,7 +117,8 @@ def plan_request(
         config=config,
         dropped=frozenset(dropped),
         pruned=MappingProxyType(pruned),
-        cut_ord=max((item.ord for item in base), default=None),
+        horizon=max((item.ord for item in items), default=-1),
+        seen=frozenset(item.ref for item in items),
         tokens_after=decided.tokens_after,
         passes=(previous.passes if previous is not None else 0) + 1,
         warnings=decided.warnings,

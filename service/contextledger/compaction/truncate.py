@@ -9,12 +9,7 @@ units go oldest first. Protected units and summaries are handled by the engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from contextledger.compaction.plan import Layout, Plan, Ranking, run
-from contextledger.config import ContextConfig
-from contextledger.tokens import TokenCounter
-from contextledger.view import ViewItem
+from contextledger.compaction.plan import Layout, Ranking
 
 
 def truncate_ranking(layout: Layout) -> Ranking:
@@ -23,23 +18,3 @@ def truncate_ranking(layout: Layout) -> Ranking:
     forced = tuple(k for k in units if k < layout.recent_unit and not layout.is_system(k))
     window = [k for k in units if k >= layout.recent_unit and not layout.is_system(k)]
     return Ranking(forced=forced, order=(*window, *system))
-
-
-def truncate(
-    items: Sequence[ViewItem],
-    *,
-    target_tokens: int,
-    config: ContextConfig,
-    counter: TokenCounter,
-    budget_tokens: int | None = None,
-) -> Plan:
-    """Plan a truncation (see the module docstring)."""
-    return run(
-        items,
-        target_tokens=target_tokens,
-        budget_tokens=budget_tokens,
-        config=config,
-        counter=counter,
-        strategy="truncate",
-        ranker=truncate_ranking,
-    )

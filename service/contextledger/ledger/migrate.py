@@ -11,8 +11,6 @@ from typing import Any
 
 from .dsn import sqlalchemy_url
 
-SCHEMA = "contextledger"
-
 
 def migrations_dir() -> Path:
     here = Path(__file__).resolve()

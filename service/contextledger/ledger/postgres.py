@@ -41,7 +41,7 @@ from ..events import (
     decode,
     make_event,
 )
-from ..messages import dumps, has_float
+from ..messages import dumps
 from ..projection import State, fold
 from ..view import ORD_STRIDE, ViewItem
 from .batching import AppendBatcher
@@ -340,7 +340,6 @@ class PostgresStore(Store):
         self, session_id: str, payload: MessageAppended, created_at: datetime,
         expected_seq: int | None, key: str | None,
     ) -> AppendResult:
-        data = payload.to_data()
         head, last_hash = await self._head(session_id)
         for _ in range(_RETRIES):
             if expected_seq is not None and expected_seq != head:
@@ -349,22 +348,21 @@ class PostgresStore(Store):
                     if key is not None and await self._pool.fetchval(
                         f"SELECT 1 FROM {S}.events WHERE session_id = $1"
                         " AND idempotency_key = $2", session_id, key):
-                        return await self._duplicate(session_id, key, data)
+                        return await self._duplicate(session_id, key, payload.to_data())
                     raise ConcurrencyError(
                         f"expected head {expected_seq}, session {session_id!r} is at {head}",
                         expected_seq=expected_seq, head=head)
             event = make_event(session_id, head + 1, payload, last_hash,
                                created_at=created_at, idempotency_key=key)
-            assert event.encoded is not None
-            # the canonical text, encoded once -- unless it rewrote numbers (1.0 -> 1)
-            data_json = dumps(data) if has_float(data) else event.encoded.decode()
+            data_json = (event.encoded.decode() if event.encoded is not None
+                         else dumps(payload.to_data()))
             try:
                 view_tokens = await self._batcher.submit(
                     (session_id, event.seq, event.version, data_json, event.tokens,
                      created_at, key, event.hash))
             except asyncpg.UniqueViolationError as exc:
                 if key is not None and "idempotency" in str(exc.constraint_name or ""):
-                    return await self._duplicate(session_id, key, data)
+                    return await self._duplicate(session_id, key, payload.to_data())
                 raise
             except asyncpg.ForeignKeyViolationError:
                 raise SessionNotFound(f"no session {session_id!r}") from None

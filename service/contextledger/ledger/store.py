@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -90,9 +90,6 @@ class Advance:
     state: State
     #: The branch was replaced wholesale (set_messages, clear, rollback) rather than added to.
     branch_reset: bool
-    config: Mapping[str, Any] | None = None
-    model: str | None = field(default=None)
-    model_changed: bool = False
 
 
 def _check_admissible(state: State, payload: Payload) -> None:
@@ -150,25 +147,18 @@ def advance(
         return state_at(seq)
 
     reset = False
-    config: Mapping[str, Any] | None = None
-    model_changed = False
     for i, payload in enumerate(payloads):
         _check_admissible(state, payload)
         key = idempotency_key if i == len(payloads) - 1 else None
         event = make_event(session_id, state.head + 1, payload, prev_hash,
                            created_at=created_at, idempotency_key=key)
-        before = state
         state = apply(state, event, at)
         reached[event.seq] = state
         if isinstance(payload, MessagesReplaced | SessionCleared | RolledBack):
             reset = True
-        if state.config is not before.config:
-            config = state.config
-        if state.model != before.model:
-            model_changed = True
         events.append(event)
         prev_hash = event.hash
-    return Advance(tuple(events), state, reset, config, state.model, model_changed)
+    return Advance(tuple(events), state, reset)
 
 
 def verify_chain(
@@ -213,10 +203,6 @@ def compare_rows(
             diffs.append(f"{what}: first difference at ord {e[0]} (stored ord {g[0]}, ref {g[1]})")
             break
     return diffs or [f"{what}: rows differ"]
-
-
-def initial_state(payload: SessionCreated) -> State:
-    return State(model=payload.model, config=payload.config)
 
 
 class Store(abc.ABC):
