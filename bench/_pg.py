@@ -42,7 +42,7 @@ def install_sigterm_handler() -> None:
 @contextmanager
 def embedded_server() -> Iterator[str]:
     """Yield the DSN of a fresh embedded PostgreSQL; stop it and delete its files after."""
-    from contextledger.ledger import embedded
+    from contextledger.store import embedded
 
     tmp = Path(tempfile.mkdtemp(prefix="contextledger-bench-"))
     pgdata = (tmp / "pgdata").resolve()

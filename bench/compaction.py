@@ -12,11 +12,10 @@ import random
 import time
 from typing import Any
 
-from contextledger.compaction import plan, plan_request
-from contextledger.compaction.request import RequestState
-from contextledger.config import ContextConfig
-from contextledger.tokens import CharsCounter
-from contextledger.view import ORD_STRIDE, ViewItem
+from contextledger.core.compaction import RequestPlanner, plan
+from contextledger.core.config import ContextConfig
+from contextledger.core.tokens import CharsCounter
+from contextledger.core.view import ORD_STRIDE, ViewItem
 
 COUNTER = CharsCounter()
 WORDS = (
@@ -80,23 +79,21 @@ def time_plan(view: tuple[ViewItem, ...], strategy: str, config: ContextConfig) 
 
 def storm(turns: int, strategy: str, budget: int = 4000) -> int:
     config = ContextConfig.from_mapping({"compaction_strategy": strategy})
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are careful."}]
     rng = random.Random(11)
-    state: RequestState | None = None
-    view: list[ViewItem] = []
+    planner = RequestPlanner(budget, config, COUNTER)
+    seq = 0
+
+    def push(m: dict[str, Any]) -> None:
+        nonlocal seq
+        seq += 1
+        planner.push(ViewItem((seq, 0), seq * ORD_STRIDE, m, COUNTER.count_message(m)))
+
+    push({"role": "system", "content": "You are careful."})
     for k in range(turns):
-        messages += [
-            {"role": "user", "content": f"q{k} " + _text(rng, 8, 16)},
-            {"role": "assistant", "content": f"a{k} " + _text(rng, 8, 16)},
-        ]
-        while len(view) < len(messages):
-            s = len(view) + 1
-            m = messages[s - 1]
-            view.append(ViewItem((s, 0), s * ORD_STRIDE, m, COUNTER.count_message(m)))
-        _, state = plan_request(
-            view, budget_tokens=budget, config=config, counter=COUNTER, previous=state
-        )
-    return state.passes if state else 0
+        push({"role": "user", "content": f"q{k} " + _text(rng, 8, 16)})
+        push({"role": "assistant", "content": f"a{k} " + _text(rng, 8, 16)})
+        planner.view()
+    return planner.passes
 
 
 def main() -> None:

@@ -42,8 +42,9 @@ from typing import Any
 import asyncpg
 import structlog
 
-import contextledger.ledger.postgres as pgstore
-from contextledger.session import Ledger, Session
+import contextledger.store.postgres as pgstore
+from contextledger.ledger import Ledger
+from contextledger.session import Session
 
 try:
     from bench._pg import embedded_server, install_sigterm_handler, scratch_database
@@ -59,8 +60,10 @@ VIEW_KEEP = 49  # messages left in the view after the summary (+ the summary = 5
 N_MESSAGES = 512  # distinct payloads, cycled
 WARMUP_APPENDS = 300
 RAW_SCHEMA = "bench_raw"
-RAW_INSERT = (f"INSERT INTO {RAW_SCHEMA}.events (session_id, seq, type, data, tokens,"
-              " created_at, hash) VALUES ($1, $2, 'message.appended', $3::jsonb, $4, $5, $6)")
+RAW_INSERT = (
+    f"INSERT INTO {RAW_SCHEMA}.events (session_id, seq, type, data, tokens,"
+    " created_at, hash) VALUES ($1, $2, 'message.appended', $3::jsonb, $4, $5, $6)"
+)
 FAKE_HASH = "f" * 64
 APPEND_MESSAGE: str = pgstore.APPEND_MESSAGE
 
@@ -98,8 +101,12 @@ def make_messages(n: int, seed: int = 42) -> list[dict[str, Any]]:
 
 def event_data(message: dict[str, Any]) -> dict[str, Any]:
     """The event JSON the ledger stores for a message (same shape, same size)."""
-    return {"message": message, "critical": False, "tokens": len(message["content"]) // 4,
-            "counter": "chars:4"}
+    return {
+        "message": message,
+        "critical": False,
+        "tokens": len(message["content"]) // 4,
+        "counter": "chars:4",
+    }
 
 
 def dumps(value: Any) -> str:
@@ -126,6 +133,7 @@ def pct(values: list[float], q: float) -> float:
 
 # -- raw asyncpg baseline ----------------------------------------------------------------
 
+
 async def raw_setup(conn: asyncpg.Connection) -> None:
     await conn.execute(f"DROP SCHEMA IF EXISTS {RAW_SCHEMA} CASCADE")
     await conn.execute(f"CREATE SCHEMA {RAW_SCHEMA}")
@@ -133,14 +141,16 @@ async def raw_setup(conn: asyncpg.Connection) -> None:
         f"CREATE TABLE {RAW_SCHEMA}.events (session_id text NOT NULL, seq bigint NOT NULL,"
         " type text NOT NULL, data jsonb NOT NULL, tokens integer NOT NULL,"
         " created_at timestamptz NOT NULL, hash text NOT NULL,"
-        " PRIMARY KEY (session_id, seq))")
+        " PRIMARY KEY (session_id, seq))"
+    )
 
 
 class RawWriter:
     """One connection appending rows of one session: INSERT per row, autocommit."""
 
-    def __init__(self, conn: asyncpg.Connection, session_id: str,
-                 datas: list[dict[str, Any]]) -> None:
+    def __init__(
+        self, conn: asyncpg.Connection, session_id: str, datas: list[dict[str, Any]]
+    ) -> None:
         self.conn = conn
         self.session_id = session_id
         self.datas = datas
@@ -151,16 +161,18 @@ class RawWriter:
         for _ in range(n):
             self.seq += 1
             data = datas[self.seq % len(datas)]
-            await conn.execute(RAW_INSERT, sid, self.seq, dumps(data), data["tokens"],
-                               datetime.now(UTC), FAKE_HASH)
+            await conn.execute(
+                RAW_INSERT, sid, self.seq, dumps(data), data["tokens"], datetime.now(UTC), FAKE_HASH
+            )
 
 
 class CteWriter:
     """The DB floor of our schema: the library's own APPEND_MESSAGE statement, sent by raw
     asyncpg with precomputed arguments (no validation, hashing, pool or locks)."""
 
-    def __init__(self, conn: asyncpg.Connection, session_id: str, sql: str,
-                 datas: list[dict[str, Any]]) -> None:
+    def __init__(
+        self, conn: asyncpg.Connection, session_id: str, sql: str, datas: list[dict[str, Any]]
+    ) -> None:
         self.conn = conn
         self.session_id = session_id
         self.sql = sql
@@ -172,8 +184,17 @@ class CteWriter:
         for _ in range(n):
             self.seq += 1
             data = datas[self.seq % len(datas)]
-            tokens = await conn.fetchval(sql, sid, self.seq, 1, dumps(data), data["tokens"],
-                                         datetime.now(UTC), None, FAKE_HASH)
+            tokens = await conn.fetchval(
+                sql,
+                sid,
+                self.seq,
+                1,
+                dumps(data),
+                data["tokens"],
+                datetime.now(UTC),
+                None,
+                FAKE_HASH,
+            )
             if tokens is None:
                 raise RuntimeError(f"CTE append to {sid} at seq {self.seq} matched no row")
 
@@ -206,8 +227,12 @@ KINDS = ("ours", "ours-chars", "cte", "raw")
 
 
 async def writers_for(
-    kind: str, ledger: Ledger, conns: list[asyncpg.Connection], prefix: str,
-    messages: list[dict[str, Any]], datas: list[dict[str, Any]],
+    kind: str,
+    ledger: Ledger,
+    conns: list[asyncpg.Connection],
+    prefix: str,
+    messages: list[dict[str, Any]],
+    datas: list[dict[str, Any]],
 ) -> list[Writer]:
     """One writer per connection (ours: per task), each on its own fresh session."""
     out: list[Writer] = []
@@ -216,8 +241,9 @@ async def writers_for(
         if kind == "ours":
             out.append(OursWriter(await ledger.session(sid), messages))
         elif kind == "ours-chars":
-            out.append(OursWriter(await ledger.session(sid, config={"token_counter": "chars"}),
-                                  messages))
+            out.append(
+                OursWriter(await ledger.session(sid, config={"token_counter": "chars"}), messages)
+            )
         elif kind == "cte":
             await ledger.session(sid)  # the sessions row + session.created event
             out.append(CteWriter(conn, sid, APPEND_MESSAGE, datas))
@@ -227,8 +253,12 @@ async def writers_for(
 
 
 async def bench_append(
-    ledger: Ledger, conns: list[asyncpg.Connection], messages: list[dict[str, Any]],
-    per_writer: int, rounds: int, label: str,
+    ledger: Ledger,
+    conns: list[asyncpg.Connection],
+    messages: list[dict[str, Any]],
+    per_writer: int,
+    rounds: int,
+    label: str,
 ) -> dict[str, Timing]:
     """``len(conns)`` writers of each kind run in parallel; kinds take turns per round.
 
@@ -242,8 +272,10 @@ async def bench_append(
     timings = {k: Timing() for k in KINDS}
     per = per_writer // rounds
     for r in range(rounds):
-        progress(f"{label} append round {r + 1}/{rounds}: {len(conns)} writer(s) x {per}"
-                 f" appends, for each of {', '.join(KINDS)}")
+        progress(
+            f"{label} append round {r + 1}/{rounds}: {len(conns)} writer(s) x {per}"
+            f" appends, for each of {', '.join(KINDS)}"
+        )
         order = KINDS if r % 2 == 0 else KINDS[::-1]
         for kind in order:
             ws = await writers_for(kind, ledger, conns, f"{label}-{r}", messages, datas)
@@ -274,6 +306,7 @@ async def profile_appends(ledger: Ledger, messages: list[dict[str, Any]], n: int
 
 # -- 3: view reads -----------------------------------------------------------------------
 
+
 @dataclass
 class ViewCase:
     history: int
@@ -302,14 +335,19 @@ async def fill_session(ledger: Ledger, messages: list[dict[str, Any]], history: 
     # the last VIEW_KEEP of them.
     last = history + 1 - VIEW_KEEP
     t0 = time.perf_counter()
-    await session.record_summary(2, last, f"Summary of turns 2..{last}: the user and the "
-                                 "assistant discussed the ledger's append path at length.")
+    await session.record_summary(
+        2,
+        last,
+        f"Summary of turns 2..{last}: the user and the "
+        "assistant discussed the ledger's append path at length.",
+    )
     case.summary_s = time.perf_counter() - t0
     view = await session.view()
     case.view_len = len(view)
     if case.view_len != VIEW_KEEP + 1:
-        raise SystemExit(f"view-{history}: expected {VIEW_KEEP + 1} view items, "
-                         f"got {case.view_len}")
+        raise SystemExit(
+            f"view-{history}: expected {VIEW_KEEP + 1} view items, got {case.view_len}"
+        )
     return case
 
 
@@ -330,7 +368,9 @@ async def explain_buffers(conn: asyncpg.Connection, session_id: str) -> str:
     rows = await conn.fetch(
         "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT ord, seq, part,"
         " kind, message::text, tokens, critical FROM contextledger.view_items"
-        " WHERE session_id = $1 ORDER BY ord", session_id)
+        " WHERE session_id = $1 ORDER BY ord",
+        session_id,
+    )
     lines = [r[0].strip() for r in rows]
     scan = next((ln for ln in lines if "Scan" in ln), lines[0])
     buffers = next((ln for ln in lines if ln.startswith("Buffers")), "")
@@ -338,6 +378,7 @@ async def explain_buffers(conn: asyncpg.Connection, session_id: str) -> str:
 
 
 # -- main --------------------------------------------------------------------------------
+
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.3f}"
@@ -366,15 +407,18 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
     conns: list[asyncpg.Connection] = []
     try:
         server_version = await raw.fetchval("SHOW server_version")
-        settings = {k: await raw.fetchval(f"SHOW {k}") for k in (
-            "synchronous_commit", "fsync", "wal_sync_method", "shared_buffers")}
+        settings = {
+            k: await raw.fetchval(f"SHOW {k}")
+            for k in ("synchronous_commit", "fsync", "wal_sync_method", "shared_buffers")
+        }
         if settings["synchronous_commit"] != "on":
             progress(f"WARNING: synchronous_commit is {settings['synchronous_commit']!r}")
         await raw_setup(raw)
         progress(f"opening the ledger (migrate=True, pool_size={PARALLEL})")
         async with Ledger.open(dsn, migrate=True, pool_size=PARALLEL) as ledger:
             pool_sc = await ledger.store._pool.fetchval(  # type: ignore[attr-defined]
-                "SHOW synchronous_commit")
+                "SHOW synchronous_commit"
+            )
 
             progress(f"1. single-session append: {n_single} each (ours, CTE floor, raw)")
             single = await bench_append(ledger, [raw], messages, n_single, rounds, "single")
@@ -391,9 +435,11 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
             progress(f"3. view reads: filling sessions of {histories} events")
             cases = [await fill_session(ledger, messages, h) for h in histories]
             for c in cases:
-                progress(f"  view-{c.history}: fill {c.fill_s:.1f}s "
-                         f"({c.history / c.fill_s:,.0f}/s), record_summary "
-                         f"{c.summary_s * 1000:.1f} ms, view length {c.view_len}")
+                progress(
+                    f"  view-{c.history}: fill {c.fill_s:.1f}s "
+                    f"({c.history / c.fill_s:,.0f}/s), record_summary "
+                    f"{c.summary_s * 1000:.1f} ms, view length {c.view_len}"
+                )
             series: list[tuple[str, list[list[float]], list[str]]] = []
             for title, sql in SERIES:
                 if sql:
@@ -413,35 +459,49 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
     p = out.append
     p(f"## contextledger ledger benchmark ({'quick' if quick else 'full'})\n")
     where = f"--dsn {args.dsn_label}" if args.dsn else "embedded, fresh temp dir"
-    p(f"* PostgreSQL {server_version} ({where});"
-      f" synchronous_commit={settings['synchronous_commit']} (ledger pool: {pool_sc}),"
-      f" fsync={settings['fsync']}, wal_sync_method={settings['wal_sync_method']},"
-      f" shared_buffers={settings['shared_buffers']}")
-    p(f"* Machine: os.cpu_count()={os.cpu_count()}, {platform.machine()},"
-      f" Python {platform.python_version()}, asyncpg {asyncpg.__version__};"
-      f" load average {load_before[0]:.2f} at start, {load_after[0]:.2f} at end"
-      " (other processes share the machine)")
-    p(f"* Payload: {N_MESSAGES} distinct user/assistant messages, JSON {min(sizes)}-{max(sizes)}"
-      f" B (mean {statistics.mean(sizes):.0f} B). raw = single-row autocommit INSERT of the"
-      " same event JSON as jsonb + session_id, seq, type, tokens, created_at, hash (PK"
-      " session_id, seq) into a plain table; CTE floor = the library's own APPEND_MESSAGE"
-      " statement sent by raw asyncpg with precomputed arguments")
-    p(f"* Kinds take turns in {rounds} rounds (order alternating), fresh sessions per round;"
-      f" warm-up before measuring; total run {elapsed:.0f} s")
+    p(
+        f"* PostgreSQL {server_version} ({where});"
+        f" synchronous_commit={settings['synchronous_commit']} (ledger pool: {pool_sc}),"
+        f" fsync={settings['fsync']}, wal_sync_method={settings['wal_sync_method']},"
+        f" shared_buffers={settings['shared_buffers']}"
+    )
+    p(
+        f"* Machine: os.cpu_count()={os.cpu_count()}, {platform.machine()},"
+        f" Python {platform.python_version()}, asyncpg {asyncpg.__version__};"
+        f" load average {load_before[0]:.2f} at start, {load_after[0]:.2f} at end"
+        " (other processes share the machine)"
+    )
+    p(
+        f"* Payload: {N_MESSAGES} distinct user/assistant messages, JSON {min(sizes)}-{max(sizes)}"
+        f" B (mean {statistics.mean(sizes):.0f} B). raw = single-row autocommit INSERT of the"
+        " same event JSON as jsonb + session_id, seq, type, tokens, created_at, hash (PK"
+        " session_id, seq) into a plain table; CTE floor = the library's own APPEND_MESSAGE"
+        " statement sent by raw asyncpg with precomputed arguments"
+    )
+    p(
+        f"* Kinds take turns in {rounds} rounds (order alternating), fresh sessions per round;"
+        f" warm-up before measuring; total run {elapsed:.0f} s"
+    )
     p("")
-    p("| append benchmark | ops each | ours ops/s | ours, chars counter | CTE floor ops/s |"
-      " raw INSERT ops/s | ours / raw | ours (chars) / raw | CTE floor / raw | target |")
+    p(
+        "| append benchmark | ops each | ours ops/s | ours, chars counter | CTE floor ops/s |"
+        " raw INSERT ops/s | ours / raw | ours (chars) / raw | CTE floor / raw | target |"
+    )
     p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for label, t in (("1 session, sequential", single),
-                     (f"{PARALLEL} sessions in parallel", parallel)):
+    for label, t in (
+        ("1 session, sequential", single),
+        (f"{PARALLEL} sessions in parallel", parallel),
+    ):
         o, oc, c, r = t["ours"], t["ours-chars"], t["cte"], t["raw"]
         ratio = o.rate / r.rate
-        p(f"| {label} | {o.ops:,} | {o.rate:,.0f} ({o.seconds / o.ops * 1e6:.0f} µs/op) |"
-          f" {oc.rate:,.0f} ({oc.seconds / oc.ops * 1e6:.0f} µs/op) |"
-          f" {c.rate:,.0f} ({c.seconds / c.ops * 1e6:.0f} µs/op) |"
-          f" {r.rate:,.0f} ({r.seconds / r.ops * 1e6:.0f} µs/op) | **{ratio:.2f}x** |"
-          f" {oc.rate / r.rate:.2f}x | {c.rate / r.rate:.2f}x |"
-          f" ≥ 0.70x {'PASS' if ratio >= 0.7 else 'FAIL'} |")
+        p(
+            f"| {label} | {o.ops:,} | {o.rate:,.0f} ({o.seconds / o.ops * 1e6:.0f} µs/op) |"
+            f" {oc.rate:,.0f} ({oc.seconds / oc.ops * 1e6:.0f} µs/op) |"
+            f" {c.rate:,.0f} ({c.seconds / c.ops * 1e6:.0f} µs/op) |"
+            f" {r.rate:,.0f} ({r.seconds / r.ops * 1e6:.0f} µs/op) | **{ratio:.2f}x** |"
+            f" {oc.rate / r.rate:.2f}x | {c.rate / r.rate:.2f}x |"
+            f" ≥ 0.70x {'PASS' if ratio >= 0.7 else 'FAIL'} |"
+        )
     p("")
     for title, samples, plans in series:
         p(f"**view() read, {title}**\n")
@@ -450,18 +510,25 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
         base = statistics.median(samples[0])
         for c, smp in zip(cases, samples, strict=True):
             med = statistics.median(smp)
-            p(f"| {c.history + 2:,} | {c.view_len} | {len(smp)} | {ms(med)} |"
-              f" {ms(pct(smp, 0.95))} | {med / base:.2f}x |")
+            p(
+                f"| {c.history + 2:,} | {c.view_len} | {len(smp)} | {ms(med)} |"
+                f" {ms(pct(smp, 0.95))} | {med / base:.2f}x |"
+            )
         big = statistics.median(samples[-1]) / base
-        p(f"\nRatio p50(history {cases[-1].history:,}) / p50(history {cases[0].history}):"
-          f" **{big:.2f}x** (target ≤ 1.3x: {'PASS' if big <= 1.3 else 'FAIL'})")
+        p(
+            f"\nRatio p50(history {cases[-1].history:,}) / p50(history {cases[0].history}):"
+            f" **{big:.2f}x** (target ≤ 1.3x: {'PASS' if big <= 1.3 else 'FAIL'})"
+        )
         for c, plan in zip(cases, plans, strict=True):
             p(f"* plan, history {c.history:,}: `{plan}`")
         p("")
-    p("Setup (history = N messages + session.created + summary): fill via add_message "
-      + ", ".join(f"{c.history:,} msgs {c.history / c.fill_s:,.0f}/s" for c in cases)
-      + "; record_summary took "
-      + ", ".join(f"{c.summary_s * 1000:,.1f} ms ({c.history:,})" for c in cases) + ".")
+    p(
+        "Setup (history = N messages + session.created + summary): fill via add_message "
+        + ", ".join(f"{c.history:,} msgs {c.history / c.fill_s:,.0f}/s" for c in cases)
+        + "; record_summary took "
+        + ", ".join(f"{c.summary_s * 1000:,.1f} ms ({c.history:,})" for c in cases)
+        + "."
+    )
     print("\n".join(out), flush=True)
     if prof:
         print("\n<details><summary>cProfile of sequential add_message</summary>\n\n```")
@@ -476,16 +543,21 @@ async def run_with_scratch(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", help="an existing PostgreSQL server (a scratch database is "
-                        "created and dropped); default: a fresh embedded PostgreSQL")
+    parser.add_argument(
+        "--dsn",
+        help="an existing PostgreSQL server (a scratch database is "
+        "created and dropped); default: a fresh embedded PostgreSQL",
+    )
     parser.add_argument("--quick", action="store_true", help="smaller sizes (~30 s)")
-    parser.add_argument("--profile", action="store_true",
-                        help="also cProfile a sequential add_message loop")
+    parser.add_argument(
+        "--profile", action="store_true", help="also cProfile a sequential add_message loop"
+    )
     args = parser.parse_args(argv)
     args.dsn_label = _redact(args.dsn) if args.dsn else ""
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
     install_sigterm_handler()
     if args.dsn:
         asyncio.run(run_with_scratch(args))
@@ -496,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _redact(dsn: str) -> str:
-    from contextledger.ledger.dsn import redact
+    from contextledger.store.dsn import redact
 
     return redact(dsn)
 

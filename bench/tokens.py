@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from contextledger.tokens import (
+from contextledger.core.tokens import (
     CharsCounter,
     LitellmCounter,
     TiktokenCounter,
@@ -247,8 +247,12 @@ async def usage_latency(
         for n in sizes:
             session = await ledger.session(f"usage-{n}", model="gpt-4o")
             for i in range(n):
-                await session.add_message({"role": "user" if i % 2 else "assistant",
-                                           "content": f"message {i} " + "lorem ipsum " * 20})
+                await session.add_message(
+                    {
+                        "role": "user" if i % 2 else "assistant",
+                        "content": f"message {i} " + "lorem ipsum " * 20,
+                    }
+                )
             samples = []
             for _ in range(reads):
                 t0 = time.perf_counter()

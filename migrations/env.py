@@ -1,6 +1,6 @@
 """Alembic environment, async, usable from the CLI and in-process.
 
-In-process (``contextledger.ledger.migrate``) hands us a live connection through
+In-process (``contextledger.store.migrate``) hands us a live connection through
 ``config.attributes["connection"]``; we then neither build an engine nor call
 ``fileConfig`` (which would reset the application's logging).
 """
@@ -22,21 +22,27 @@ config = context.config
 
 
 def _url() -> str:
-    url = context.get_x_argument(as_dictionary=True).get("dsn") or os.environ.get(
-        "CONTEXTLEDGER_DSN"
-    ) or config.get_main_option("sqlalchemy.url")
+    url = (
+        context.get_x_argument(as_dictionary=True).get("dsn")
+        or os.environ.get("CONTEXTLEDGER_DSN")
+        or config.get_main_option("sqlalchemy.url")
+    )
     if not url:
         raise SystemExit("set CONTEXTLEDGER_DSN or pass -x dsn=postgresql://...")
     for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+asyncpg://" + url[len(prefix):]
+            return "postgresql+asyncpg://" + url[len(prefix) :]
     return url
 
 
 def do_run_migrations(connection: Connection) -> None:
     connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}"))
-    context.configure(connection=connection, target_metadata=None,
-                      version_table_schema=SCHEMA, transaction_per_migration=False)
+    context.configure(
+        connection=connection,
+        target_metadata=None,
+        version_table_schema=SCHEMA,
+        transaction_per_migration=False,
+    )
     with context.begin_transaction():
         context.run_migrations()
 

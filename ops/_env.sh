@@ -1,5 +1,5 @@
 # Shared by ops/*: find Python ≥ 3.11, create .venv if missing, install the project
-# with its extras when pyproject.toml changed. Sourced, not run.
+# with all its extras (embedded server, CLI, tests) when pyproject.toml changed. Sourced, not run.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -21,6 +21,6 @@ WANT="$(cat pyproject.toml | sha256sum | cut -c1-16)"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   echo "· installing contextledger and its test extras into .venv (first run takes ~1 min)" >&2
   .venv/bin/python -m pip install -q --upgrade pip >&2
-  .venv/bin/python -m pip install -q -e ".[test]" >&2
+  .venv/bin/python -m pip install -q -e ".[all,test]" >&2
   echo "$WANT" > "$STAMP"
 fi

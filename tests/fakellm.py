@@ -9,6 +9,10 @@ building one from the request). When a script runs out, the model's ``then``
 reply is used, else the default handler, which answers with a deterministic
 summary of the request's messages. Every request is recorded.
 
+Streaming requests (``"stream": true``) get the same reply as server-sent
+``chat.completion.chunk`` events (see :func:`stream_chunks`); :func:`tool_call`
+answers with a tool call.
+
 Usage::
 
     fake_llm.script("primary", [server_error(), ok("the summary")])
@@ -22,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -101,6 +107,45 @@ def _answer(text: str | None, *, delay_s: float = 0.0, finish_reason: str = "sto
 def ok(text: str, *, finish_reason: str = "stop") -> Responder:
     """A good answer with ``text`` as the assistant content."""
     return _answer(text, finish_reason=finish_reason)
+
+
+def tool_call(name: str, arguments: Mapping[str, Any], *, call_id: str = "call_1") -> Responder:
+    """An assistant turn that calls one tool (``finish_reason="tool_calls"``)."""
+
+    def build(req: RecordedRequest) -> Reply:
+        body = completion_body(req.model, None, finish_reason="tool_calls")
+        body["choices"][0]["message"]["tool_calls"] = [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(dict(arguments))},
+            }
+        ]
+        return Reply(body=body)
+
+    return build
+
+
+def stream_chunks(body: Mapping[str, Any], *, include_usage: bool) -> list[dict[str, Any]]:
+    """A ``chat.completion`` as the ``chat.completion.chunk`` objects a stream sends:
+    the role, the content in three pieces, the tool calls, the finish, then usage."""
+    choice = body["choices"][0]
+    message = choice["message"]
+    base = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return base | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    text = message.get("content") or ""
+    step = max(1, len(text) // 3 + 1)
+    chunks += [chunk({"content": text[i : i + step]}) for i in range(0, len(text), step)]
+    for i, call in enumerate(message.get("tool_calls") or []):
+        chunks.append(chunk({"tool_calls": [{"index": i, **call}]}))
+    chunks.append(chunk({}, choice.get("finish_reason") or "stop"))
+    if include_usage:
+        chunks.append(base | {"choices": [], "usage": body.get("usage")})
+    return chunks
 
 
 def slow(seconds: float, text: str = "## Task overview\n- slow but fine") -> Responder:
@@ -200,6 +245,19 @@ def _content_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
+EMBEDDING_DIM = 64
+
+
+def hashed_embedding(text: str, dim: int = EMBEDDING_DIM) -> list[float]:
+    """A unit vector from hashed lower-case words: texts sharing words are close."""
+    vec = [0.0] * dim
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        digest = hashlib.sha1(word.encode()).digest()
+        vec[digest[0] % dim] += 1.0 if digest[1] % 2 else -1.0
+    norm = math.sqrt(sum(v * v for v in vec)) or 1.0
+    return [v / norm for v in vec]
+
+
 # ---------------------------------------------------------------- server
 
 
@@ -213,6 +271,8 @@ class FakeLLM:
         self._default: Responder = summary_answer
         self._stopping = threading.Event()
         self.requests: list[RecordedRequest] = []
+        #: every text sent to ``/v1/embeddings``, in order
+        self.embedded: list[str] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._server.block_on_close = False
@@ -240,6 +300,7 @@ class FakeLLM:
             self._then.clear()
             self._default = summary_answer
             self.requests.clear()
+            self.embedded.clear()
 
     @property
     def port(self) -> int:
@@ -284,11 +345,43 @@ class FakeLLM:
             responder = queue.popleft() if queue else self._then.get(req.model, self._default)
         return responder(req) if callable(responder) else responder
 
+    def _embed(self, body: dict[str, Any], headers: dict[str, str], path: str) -> Reply:
+        """``/v1/embeddings``: deterministic hashed bag-of-words vectors (recorded)."""
+        raw = body.get("input")
+        texts = [raw] if isinstance(raw, str) else list(raw or [])
+        req = RecordedRequest(
+            model=str(body.get("model", "")),
+            messages=[],
+            max_tokens=None,
+            headers={k.lower(): v for k, v in headers.items()},
+            body=body,
+            path=path,
+        )
+        with self._lock:
+            self.requests.append(req)
+            self.embedded.extend(str(t) for t in texts)
+        data = [
+            {"object": "embedding", "index": i, "embedding": hashed_embedding(str(t))}
+            for i, t in enumerate(texts)
+        ]
+        return Reply(
+            body={
+                "object": "list",
+                "data": data,
+                "model": req.model,
+                "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)},
+            }
+        )
+
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # One segment per reply: headers and body written separately met the client's
+            # delayed ACK (Nagle), adding ~40 ms to every call.
+            disable_nagle_algorithm = True
+            wbufsize = 1 << 16
 
             def log_message(self, format: str, *args: Any) -> None:  # silence stderr
                 return
@@ -301,13 +394,11 @@ class FakeLLM:
                 except json.JSONDecodeError:
                     self._send(Reply(status=400, body={"error": {"message": "bad json"}}))
                     return
+                if self.path.rstrip("/").endswith("/embeddings"):
+                    self._send(fake._embed(body, dict(self.headers.items()), self.path))
+                    return
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     self._send(Reply(status=404, body={"error": {"message": "not found"}}))
-                    return
-                if body.get("stream"):
-                    self._send(
-                        openai_error(400, "fakellm does not stream", type_="invalid_request_error")
-                    )
                     return
                 req = RecordedRequest(
                     model=str(body.get("model", "")),
@@ -320,7 +411,25 @@ class FakeLLM:
                 reply = fake._next(req)
                 if reply.delay_s and fake._stopping.wait(reply.delay_s):
                     return  # server stopping: drop the connection
+                if body.get("stream") and reply.status == 200 and isinstance(reply.body, dict):
+                    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                    self._stream(stream_chunks(reply.body, include_usage=usage))
+                    return
                 self._send(reply)
+
+            def _stream(self, chunks: list[dict[str, Any]]) -> None:
+                """Server-sent events, one chunk per event, then ``[DONE]``."""
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    for c in chunks:
+                        self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+                        self.wfile.flush()
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                self.close_connection = True
 
             def _send(self, reply: Reply) -> None:
                 payload = (
@@ -334,6 +443,7 @@ class FakeLLM:
                         self.send_header(k, v)
                     self.end_headers()
                     self.wfile.write(payload)
+                    self.wfile.flush()
 
         return Handler
 

@@ -28,8 +28,9 @@ def upgrade() -> None:
     op.create_table(
         "sessions",
         sa.Column("session_id", sa.Text, primary_key=True),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False,
-                  server_default=sa.func.now()),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
         sa.Column("model", sa.Text),
         sa.Column("config", pg.JSONB, nullable=False, server_default="{}"),
         sa.Column("metadata", pg.JSONB, nullable=False, server_default="{}"),
@@ -41,8 +42,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "events",
-        sa.Column("session_id", sa.Text, sa.ForeignKey(f"{S}.sessions.session_id"),
-                  nullable=False),
+        sa.Column("session_id", sa.Text, sa.ForeignKey(f"{S}.sessions.session_id"), nullable=False),
         sa.Column("seq", sa.BigInteger, nullable=False),
         sa.Column("position", sa.BigInteger, sa.Identity(always=True), nullable=False),
         sa.Column("type", sa.Text, nullable=False),
@@ -56,12 +56,22 @@ def upgrade() -> None:
         sa.CheckConstraint("seq >= 1", name="events_seq_positive"),
         schema=S,
     )
-    op.create_index("events_idempotency", "events", ["session_id", "idempotency_key"],
-                    unique=True, schema=S,
-                    postgresql_where=sa.text("idempotency_key IS NOT NULL"))
+    op.create_index(
+        "events_idempotency",
+        "events",
+        ["session_id", "idempotency_key"],
+        unique=True,
+        schema=S,
+        postgresql_where=sa.text("idempotency_key IS NOT NULL"),
+    )
     op.create_index("events_position", "events", ["position"], unique=True, schema=S)
-    op.create_index("events_checkpoints", "events", ["session_id", "seq"], schema=S,
-                    postgresql_where=sa.text("type = 'checkpoint.created'"))
+    op.create_index(
+        "events_checkpoints",
+        "events",
+        ["session_id", "seq"],
+        schema=S,
+        postgresql_where=sa.text("type = 'checkpoint.created'"),
+    )
     # The inline projection: the working view (messages as the model sees them) ...
     op.create_table(
         "view_items",
@@ -89,8 +99,9 @@ def upgrade() -> None:
     op.create_table(
         "purges",
         sa.Column("session_id", sa.Text, nullable=False),
-        sa.Column("purged_at", sa.DateTime(timezone=True), nullable=False,
-                  server_default=sa.func.now()),
+        sa.Column(
+            "purged_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
         sa.Column("purged_by", sa.Text, nullable=False, server_default=sa.text("current_user")),
         sa.Column("reason", sa.Text, nullable=False),
         sa.Column("events", sa.BigInteger, nullable=False),

@@ -31,23 +31,37 @@ S = "contextledger"
 
 
 def upgrade() -> None:
-    op.add_column("sessions", sa.Column("view_gen", sa.BigInteger, nullable=False,
-                                        server_default="0"), schema=S)
-    op.add_column("sessions", sa.Column("view_base", sa.BigInteger, nullable=False,
-                                        server_default="0"), schema=S)
-    op.add_column("sessions", sa.Column("branch_base", sa.BigInteger, nullable=False,
-                                        server_default="0"), schema=S)
-    op.add_column("view_items", sa.Column("gen", sa.BigInteger, nullable=False,
-                                          server_default="0"), schema=S)
+    op.add_column(
+        "sessions",
+        sa.Column("view_gen", sa.BigInteger, nullable=False, server_default="0"),
+        schema=S,
+    )
+    op.add_column(
+        "sessions",
+        sa.Column("view_base", sa.BigInteger, nullable=False, server_default="0"),
+        schema=S,
+    )
+    op.add_column(
+        "sessions",
+        sa.Column("branch_base", sa.BigInteger, nullable=False, server_default="0"),
+        schema=S,
+    )
+    op.add_column(
+        "view_items", sa.Column("gen", sa.BigInteger, nullable=False, server_default="0"), schema=S
+    )
     # Rows written by 0001 stay valid: base 0 with existing rows would double-count
     # the messages, so existing sessions start with their whole history materialized.
     op.execute(f"UPDATE {S}.sessions SET view_base = head, branch_base = head")
     op.execute(f"ALTER TABLE {S}.view_items DROP CONSTRAINT view_items_pkey")
-    op.execute(f"ALTER TABLE {S}.view_items ADD CONSTRAINT view_items_pkey"
-               " PRIMARY KEY (session_id, gen, ord)")
+    op.execute(
+        f"ALTER TABLE {S}.view_items ADD CONSTRAINT view_items_pkey"
+        " PRIMARY KEY (session_id, gen, ord)"
+    )
     # Old generations are deleted as soon as they are replaced; vacuum them promptly.
-    op.execute(f"ALTER TABLE {S}.view_items SET (autovacuum_vacuum_scale_factor = 0.02,"
-               " autovacuum_analyze_scale_factor = 0.02)")
+    op.execute(
+        f"ALTER TABLE {S}.view_items SET (autovacuum_vacuum_scale_factor = 0.02,"
+        " autovacuum_analyze_scale_factor = 0.02)"
+    )
 
 
 def downgrade() -> None:
@@ -65,13 +79,18 @@ def downgrade() -> None:
         SELECT e.session_id, e.seq * 1000000, e.seq, 0
           FROM {S}.events e JOIN {S}.sessions s ON s.session_id = e.session_id
          WHERE e.seq > s.branch_base AND e.type = 'message.appended'""")
-    op.execute(f"ALTER TABLE {S}.view_items RESET (autovacuum_vacuum_scale_factor,"
-               " autovacuum_analyze_scale_factor)")
-    op.execute(f"DELETE FROM {S}.view_items v USING {S}.sessions s"
-               " WHERE v.session_id = s.session_id AND v.gen <> s.view_gen")
+    op.execute(
+        f"ALTER TABLE {S}.view_items RESET (autovacuum_vacuum_scale_factor,"
+        " autovacuum_analyze_scale_factor)"
+    )
+    op.execute(
+        f"DELETE FROM {S}.view_items v USING {S}.sessions s"
+        " WHERE v.session_id = s.session_id AND v.gen <> s.view_gen"
+    )
     op.execute(f"ALTER TABLE {S}.view_items DROP CONSTRAINT view_items_pkey")
-    op.execute(f"ALTER TABLE {S}.view_items ADD CONSTRAINT view_items_pkey"
-               " PRIMARY KEY (session_id, ord)")
+    op.execute(
+        f"ALTER TABLE {S}.view_items ADD CONSTRAINT view_items_pkey PRIMARY KEY (session_id, ord)"
+    )
     op.drop_column("view_items", "gen", schema=S)
     op.drop_column("sessions", "branch_base", schema=S)
     op.drop_column("sessions", "view_base", schema=S)

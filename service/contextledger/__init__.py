@@ -1,40 +1,81 @@
 """contextledger: an LLM agent's memory as an append-only event ledger in PostgreSQL.
 
-Everything public is re-exported here; the modules behind it are private.
+Everything public is re-exported here (``tests/unit/test_public_api.py`` pins the
+list); the modules behind it are internal and may move.
 """
 
-from .errors import (
+from contextledger.compactor import PRE_COMPACT_LABEL, ManageResult
+from contextledger.core.budget import Budget, Pressure, PressureThresholds, Usage
+from contextledger.core.chain import VerifyReport
+from contextledger.core.config import STRATEGIES, ContextConfig, SummarizerConfig, SummarizerModel
+from contextledger.core.events import Event
+from contextledger.core.model_limits import ModelLimits
+from contextledger.core.tokens import TokenCounter
+from contextledger.core.view import ViewItem
+from contextledger.errors import (
     CheckpointNotFound,
     CompactionError,
     ConcurrencyError,
     ConfigError,
     ContextLedgerError,
+    EventDecodeError,
     IdempotencyConflict,
     InvalidArgument,
     InvalidMessage,
     LedgerClosed,
     LedgerUnavailable,
     MigrationRequired,
+    MissingExtra,
     SeqOutOfRange,
     SessionExists,
     SessionNotFound,
 )
-from .events import Event
-from .ledger.store import Checkpoint, RebuildReport, SessionInfo, VerifyReport
-from .protocols import ContextManager
-from .session import Ledger, ManageResult, Session
-from .tokens import TokenCounter
-from .view import ViewItem
+from contextledger.hooks import (
+    HOOK_EVENTS,
+    INCLUDE,
+    MESSAGE_ADDED,
+    OVERFLOW,
+    POST_COMPACT,
+    PRE_COMPACT,
+    SUMMARIZATION,
+    CompactContext,
+    CompactDecision,
+    HookBus,
+)
+from contextledger.ledger import Ledger
+from contextledger.log_setup import library_defaults as _library_defaults
+from contextledger.protocols import ContextManager
+from contextledger.session import Session
+from contextledger.store.base import Checkpoint, RebuildReport, SessionInfo
+from contextledger.summarizer import FallbackCallback
+
+_library_defaults()
 
 __all__ = [
+    "HOOK_EVENTS",
+    "INCLUDE",
+    "MESSAGE_ADDED",
+    "OVERFLOW",
+    "POST_COMPACT",
+    "PRE_COMPACT",
+    "PRE_COMPACT_LABEL",
+    "STRATEGIES",
+    "SUMMARIZATION",
+    "Budget",
     "Checkpoint",
     "CheckpointNotFound",
+    "CompactContext",
+    "CompactDecision",
     "CompactionError",
     "ConcurrencyError",
     "ConfigError",
+    "ContextConfig",
     "ContextLedgerError",
     "ContextManager",
     "Event",
+    "EventDecodeError",
+    "FallbackCallback",
+    "HookBus",
     "IdempotencyConflict",
     "InvalidArgument",
     "InvalidMessage",
@@ -43,13 +84,20 @@ __all__ = [
     "LedgerUnavailable",
     "ManageResult",
     "MigrationRequired",
+    "MissingExtra",
+    "ModelLimits",
+    "Pressure",
+    "PressureThresholds",
     "RebuildReport",
     "SeqOutOfRange",
     "Session",
     "SessionExists",
     "SessionInfo",
     "SessionNotFound",
+    "SummarizerConfig",
+    "SummarizerModel",
     "TokenCounter",
+    "Usage",
     "VerifyReport",
     "ViewItem",
 ]

@@ -3,31 +3,22 @@
 Registered as the ``context-ledger`` entry point in the ``amplifier.modules``
 group; a mount plan selects it with ``context: {module: context-ledger, config: {...}}``.
 
-Config keys are those of ``ContextConfig`` (validated by
-``ContextConfig.from_mapping``: an unknown key or a bad value raises
-``ConfigError`` naming the key, and nothing is mounted), plus one of this module's:
+The config holds this module's own options (``MountConfig``: ``session_id``,
+``dsn``, ``storage_path``, ``on_unreachable``) and, beside them, session policy
+(``ContextConfig`` keys). An unknown key or a bad value raises ``ConfigError``
+naming the key, and nothing is mounted.
 
-``session_id``
-    The ledger session to open or resume. Default: the coordinator's
-    ``session_id`` (so resuming an Amplifier session resumes its ledger),
-    else ``coordinator.session.session_id``, else a new uuid4.
-``dsn``
-    ``postgresql://…`` (migrated on mount if needed), ``memory://`` (nothing
-    persisted), or absent: the embedded PostgreSQL under ``storage_path``
-    (default ``$CONTEXTLEDGER_HOME``, else the user data dir).
-``storage_path``
-    Home of the embedded PostgreSQL (``~`` is expanded).
+Where the data goes is resolved as by ``Ledger.open``: the ``dsn`` option, else
+``$CONTEXTLEDGER_DSN``, else the embedded PostgreSQL under ``storage_path`` (else
+``$CONTEXTLEDGER_HOME``, else the user data dir); the choice is logged once.
 
-Graceful degradation: if the store cannot be reached or started (connection
-refused or lost, unknown host, database or role, authentication failure, the
-embedded server failing to start), the session lives in memory instead and one
-``ledger_unavailable_using_memory`` warning is logged: the agent keeps working,
-but nothing it remembers survives the process. Any other failure is raised.
+``on_unreachable``: ``fail`` (the default) raises ``LedgerUnavailable`` when the
+store cannot be reached or started; ``memory`` keeps the agent working on a
+``memory://`` session instead (nothing survives the process) and logs one
+``ledger_unavailable_using_memory`` warning. Any other failure is raised.
 
-The session's hook events (``context:message_added:debug``,
-``context:pre_compact``, ``context:post_compact``, ...) are forwarded to
-``coordinator.hooks``. ``mount`` returns an async cleanup that closes the
-ledger; calling it twice is harmless.
+The session's hook events are forwarded to ``coordinator.hooks``. ``mount``
+returns an async cleanup that closes the ledger; calling it twice is harmless.
 """
 
 from __future__ import annotations
@@ -35,26 +26,28 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import structlog
 
-from .config import ContextConfig
-from .errors import ConfigError, LedgerUnavailable
-from .ledger.dsn import is_postgres, redact
-from .protocols import ContextManager
-from .session import MAX_SESSION_ID, Ledger
+from contextledger._checks import MAX_SESSION_ID
+from contextledger.core.config import ContextConfig
+from contextledger.errors import ConfigError, InvalidArgument, LedgerUnavailable
+from contextledger.ledger import Ledger
+from contextledger.protocols import ContextManager
+from contextledger.store.dsn import MEMORY, Target, resolve_target
 
-__all__ = ["MEMORY_DSN", "SESSION_ID_KEY", "mount"]
+__all__ = ["MEMORY_DSN", "SESSION_ID_KEY", "MountConfig", "mount"]
 
 #: Read by Amplifier's loader: the module's type, hence its mount point.
 __amplifier_module_type__ = "context"
 
 log = structlog.get_logger(__name__)
 
-MEMORY_DSN = "memory://"
-#: The one config key that is not a ``ContextConfig`` key.
+MEMORY_DSN = MEMORY
 SESSION_ID_KEY = "session_id"
+OnUnreachable = Literal["fail", "memory"]
 #: SQLSTATE classes/codes that mean "this store cannot be used from here": connection
 #: exception, invalid authorization, insufficient resources, unknown database,
 #: server starting up or shutting down.
@@ -77,11 +70,13 @@ def _unreachable(exc: BaseException) -> bool:
             return True
         code = getattr(err, "sqlstate", None)
         if isinstance(code, str) and (
-                code[:2] in _UNREACHABLE_SQLSTATE_CLASSES or code in _UNREACHABLE_SQLSTATES):
+            code[:2] in _UNREACHABLE_SQLSTATE_CLASSES or code in _UNREACHABLE_SQLSTATES
+        ):
             return True
         orig = getattr(err, "orig", None)  # SQLAlchemy's DBAPIError
-        stack.extend([err.__cause__, err.__context__,
-                      orig if isinstance(orig, BaseException) else None])
+        stack.extend(
+            [err.__cause__, err.__context__, orig if isinstance(orig, BaseException) else None]
+        )
     return False
 
 
@@ -93,43 +88,89 @@ def _coordinator_session_id(coordinator: Any) -> str | None:
     return None
 
 
-def _split_config(config: Mapping[str, Any] | str | None) -> tuple[ContextConfig, str | None]:
-    raw: Mapping[str, Any] | str | None = config
-    session_id: Any = None
-    if isinstance(config, Mapping):
+@dataclass(frozen=True)
+class MountConfig:
+    """The mount's own options: deployment, not session policy."""
+
+    session_id: str | None = None
+    dsn: str | None = None
+    storage_path: str | None = None
+    on_unreachable: OnUnreachable = "fail"
+
+    KEYS = ("session_id", "dsn", "storage_path", "on_unreachable")
+
+    @classmethod
+    def split(cls, config: Mapping[str, Any] | None) -> tuple[MountConfig, dict[str, Any]]:
+        """This module's options, and the rest (session policy for ``ContextConfig``)."""
+        if config is None:
+            return cls(), {}
+        if not isinstance(config, Mapping):
+            raise ConfigError(
+                f"the mount config must be a mapping, not {type(config).__name__}", key="<root>"
+            )
         rest = dict(config)
-        session_id = rest.pop(SESSION_ID_KEY, None)
-        raw = rest
+        mine = {k: rest.pop(k) for k in cls.KEYS if k in rest}
+        session_id = mine.get("session_id")
         if session_id is not None and (
-                not isinstance(session_id, str) or not session_id.strip()
-                or len(session_id) > MAX_SESSION_ID or "\x00" in session_id):
+            not isinstance(session_id, str)
+            or not session_id.strip()
+            or len(session_id) > MAX_SESSION_ID
+            or "\x00" in session_id
+        ):
             raise ConfigError(
                 f"{SESSION_ID_KEY} must be a non-empty string of at most {MAX_SESSION_ID} "
-                f"characters without NUL, got {session_id!r}", key=SESSION_ID_KEY)
-    cfg = ContextConfig.from_mapping(raw)
-    if cfg.dsn is not None and cfg.dsn != MEMORY_DSN and not is_postgres(cfg.dsn):
-        raise ConfigError(
-            f"dsn must be {MEMORY_DSN!r} or a postgresql:// URL, got {redact(cfg.dsn)!r}",
-            key="dsn")
-    return cfg, session_id
+                f"characters without NUL, got {session_id!r}",
+                key=SESSION_ID_KEY,
+            )
+        for key in ("dsn", "storage_path"):
+            value = mine.get(key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ConfigError(f"{key} must be a non-empty string", key=key)
+        on_unreachable = mine.get("on_unreachable", "fail")
+        if on_unreachable not in ("fail", "memory"):
+            raise ConfigError(
+                f"on_unreachable must be 'fail' or 'memory', got {on_unreachable!r}",
+                key="on_unreachable",
+            )
+        storage = mine.get("storage_path")
+        return (
+            cls(
+                session_id,
+                mine.get("dsn"),
+                os.path.expanduser(storage) if storage else None,
+                on_unreachable,
+            ),
+            rest,
+        )
+
+    def target(self, environ: Mapping[str, str] | None = None) -> Target:
+        try:
+            return resolve_target(
+                self.dsn, os.environ if environ is None else environ, home=self.storage_path
+            )
+        except InvalidArgument as exc:
+            raise ConfigError(str(exc.args[0]), key="dsn") from None
 
 
-def _home(cfg: ContextConfig) -> str | None:
-    return os.path.expanduser(cfg.storage_path) if cfg.storage_path else None
+def _split_config(config: Mapping[str, Any] | None) -> tuple[MountConfig, ContextConfig]:
+    mount_cfg, rest = MountConfig.split(config)
+    mount_cfg.target()  # a bad dsn is a config error, before anything is opened
+    return mount_cfg, ContextConfig.from_mapping(rest)
 
 
-async def _open_ledger(cfg: ContextConfig, session_id: str) -> Ledger:
-    home = _home(cfg)
+async def _open_ledger(mount_cfg: MountConfig, cfg: ContextConfig, session_id: str) -> Ledger:
+    target = mount_cfg.target()
     try:
-        return await Ledger.open(cfg.dsn, home=home, migrate=True, config=cfg)
+        return await Ledger.open(target.dsn, home=target.home, migrate=True, config=cfg)
     except Exception as exc:
-        if cfg.dsn == MEMORY_DSN or not _unreachable(exc):
+        if mount_cfg.on_unreachable == "fail" or target.kind == "memory" or not _unreachable(exc):
             raise
         log.warning(
             "ledger_unavailable_using_memory",
-            store=redact(cfg.dsn) if cfg.dsn else f"embedded:{home or '$CONTEXTLEDGER_HOME'}",
+            store=target.describe(),
             session_id=session_id,
             error=f"{type(exc).__name__}: {exc}",
+            hint="on_unreachable: memory was set; nothing this session records will persist",
         )
     return await Ledger.open(MEMORY_DSN, config=cfg)
 
@@ -137,12 +178,13 @@ async def _open_ledger(cfg: ContextConfig, session_id: str) -> Ledger:
 async def mount(coordinator: Any, config: Mapping[str, Any] | None = None) -> Cleanup:
     """Open (or resume) the session's ledger and mount it at ``context``.
 
-    Raises ``ConfigError`` for a bad config (before anything is opened). Returns
-    the cleanup that closes the ledger.
+    Raises ``ConfigError`` for a bad config (before anything is opened) and
+    ``LedgerUnavailable`` when the store is out of reach (unless
+    ``on_unreachable: memory``). Returns the cleanup that closes the ledger.
     """
-    cfg, session_id = _split_config(config)
-    session_id = session_id or _coordinator_session_id(coordinator) or str(uuid.uuid4())
-    ledger = await _open_ledger(cfg, session_id)
+    mount_cfg, cfg = _split_config(config)
+    session_id = mount_cfg.session_id or _coordinator_session_id(coordinator) or str(uuid.uuid4())
+    ledger = await _open_ledger(mount_cfg, cfg, session_id)
     try:
         hooks = getattr(coordinator, "hooks", None)
         if hooks is not None and callable(getattr(hooks, "emit", None)):

@@ -13,39 +13,83 @@ from typing import Any
 from rich.console import Console
 from rich.panel import Panel
 
-from .session import Ledger, Session
+from contextledger.ledger import Ledger
+from contextledger.render import short, view_table
+from contextledger.session import Session
 
 SYSTEM = "You are a careful coding agent. Use tools to inspect files before editing."
 
 
 def _call(call_id: str, name: str, **args: Any) -> dict[str, Any]:
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args)}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
 
 
 TURNS: list[list[dict[str, Any]]] = [
-    [{"role": "user", "content": "Hi, I'm Ada. Our service listens on port 8443; please find "
-                                 "why the health check fails."}],
-    [{"role": "assistant", "content": None,
-      "tool_calls": [_call("call_1", "read_file", path="service/health.py")]},
-     {"role": "tool", "tool_call_id": "call_1", "name": "read_file",
-      "content": "def health():\n    return check_port(8080)  # TODO: config\n"}],
-    [{"role": "assistant", "content": "health.py checks port 8080, but you said the service "
-                                      "listens on 8443. That mismatch fails the check."}],
-    [{"role": "user", "content": "Good catch. Decision: read the port from config, never "
-                                 "hard-code it."}],
+    [
+        {
+            "role": "user",
+            "content": "Hi, I'm Ada. Our service listens on port 8443; please find "
+            "why the health check fails.",
+        }
+    ],
+    [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_call("call_1", "read_file", path="service/health.py")],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "name": "read_file",
+            "content": "def health():\n    return check_port(8080)  # TODO: config\n",
+        },
+    ],
+    [
+        {
+            "role": "assistant",
+            "content": "health.py checks port 8080, but you said the service "
+            "listens on 8443. That mismatch fails the check.",
+        }
+    ],
+    [
+        {
+            "role": "user",
+            "content": "Good catch. Decision: read the port from config, never hard-code it.",
+        }
+    ],
 ]
 RISKY: list[dict[str, Any]] = [
-    {"role": "assistant", "content": None,
-     "tool_calls": [_call("call_2", "run_shell", cmd="rm -rf build/ && make deploy")]},
-    {"role": "tool", "tool_call_id": "call_2", "name": "run_shell",
-     "content": "error: deploy target refused: tests failing"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [_call("call_2", "run_shell", cmd="rm -rf build/ && make deploy")],
+    },
+    {
+        "role": "tool",
+        "tool_call_id": "call_2",
+        "name": "run_shell",
+        "content": "error: deploy target refused: tests failing",
+    },
     {"role": "assistant", "content": "The deploy failed; I went too far."},
 ]
 AFTER: list[dict[str, Any]] = [
-    {"role": "assistant", "content": None,
-     "tool_calls": [_call("call_3", "edit_file", path="service/health.py",
-                          patch="- check_port(8080)\n+ check_port(config.port)")]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            _call(
+                "call_3",
+                "edit_file",
+                path="service/health.py",
+                patch="- check_port(8080)\n+ check_port(config.port)",
+            )
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_3", "name": "edit_file", "content": "ok: 1 line"},
     {"role": "assistant", "content": "health.py now reads the port from config (8443)."},
     {"role": "user", "content": "Thanks! Now add a test for it."},
@@ -53,22 +97,22 @@ AFTER: list[dict[str, Any]] = [
 
 
 async def _append_all(session: Session, console: Console, messages: list[dict[str, Any]]) -> None:
-    from .cli import _short
-
     for m in messages:
         seq = await session.add_message(m)
-        console.print(f"  [dim]seq {seq:>3}[/dim]  [cyan]{m['role']:<9}[/cyan] {_short(m, 60)}")
+        console.print(f"  [dim]seq {seq:>3}[/dim]  [cyan]{m['role']:<9}[/cyan] {short(m, 60)}")
 
 
 async def run_demo(ledger: Ledger, console: Console) -> Session:
-    from .cli import view_table
-
     sid = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    console.print(Panel.fit(f"contextledger demo · store: {ledger!r}\nsession: {sid}",
-                            title="contextledger"))
+    console.print(
+        Panel.fit(f"contextledger demo · store: {ledger!r}\nsession: {sid}", title="contextledger")
+    )
     session = await ledger.session(
-        sid, model="gpt-4o", metadata={"demo": True},
-        config={"summarizer": {"preserve_recent_turns": 2, "min_messages": 3}})
+        sid,
+        model="gpt-4o",
+        metadata={"demo": True},
+        config={"summarizer": {"preserve_recent_turns": 2, "min_messages": 3}},
+    )
 
     console.rule("1. record an agent session (messages, tool calls, tool results)")
     await _append_all(session, console, [{"role": "system", "content": SYSTEM}])
@@ -87,19 +131,24 @@ async def run_demo(ledger: Ledger, console: Console) -> Session:
 
     console.rule("4. budgets: how full is the session, and what would a small model get?")
     u = await session.usage()
-    console.print(f"  {u.tokens} tokens counted at append ({session.counter.name}); budget "
-                  f"{u.budget} for gpt-4o → {u.fraction:.2%}, state [bold]{u.state}[/bold]")
+    console.print(
+        f"  {u.tokens} tokens counted at append ({session.counter.name}); budget "
+        f"{u.budget} for gpt-4o → {u.fraction:.2%}, state [bold]{u.state}[/bold]"
+    )
     small = await session.get_messages_for_request(token_budget=400)
-    console.print(view_table("request view for a 400-token budget (ephemeral: nothing "
-                             "written)", small))
+    console.print(
+        view_table("request view for a 400-token budget (ephemeral: nothing written)", small)
+    )
 
     console.rule("5. a rolling summary replaces early turns in the view, not in the ledger")
     saved = await session.compact("summarize")
     summary_event = [e async for e in session.events()][-1]
     audit = summary_event.payload.to_data()["audit"]
-    console.print(f"  summary.recorded at seq {summary_event.seq} by [bold]{audit['model']}"
-                  f"[/bold] (no model configured: the offline summarizer) covers positions "
-                  f"{audit['covered'][0]}..{audit['covered'][1]}; saved {saved} tokens")
+    console.print(
+        f"  summary.recorded at seq {summary_event.seq} by [bold]{audit['model']}"
+        f"[/bold] (no model configured: the offline summarizer) covers positions "
+        f"{audit['covered'][0]}..{audit['covered'][1]}; saved {saved} tokens"
+    )
     console.print(view_table("working view (what the next request sees)", await session.view()))
     history = await session.get_messages()
     console.print(f"  get_messages() still returns all {len(history)} messages of the branch")

@@ -57,19 +57,40 @@ class IdempotencyConflict(ContextLedgerError):
 
 
 class SessionNotFound(ContextLedgerError):
+    """No session with that id exists in this ledger (or it was purged)."""
+
     code = "SESSION_NOT_FOUND"
+
+    @classmethod
+    def for_session(cls, session_id: str) -> SessionNotFound:
+        return cls(f"no session {session_id!r}", session_id=session_id)
 
 
 class SessionExists(ContextLedgerError):
+    """A session with that id already exists (``create_session`` only)."""
+
     code = "SESSION_EXISTS"
 
 
 class CheckpointNotFound(ContextLedgerError):
+    """The checkpoint named (by object, label or seq) is not one of this session's."""
+
     code = "CHECKPOINT_NOT_FOUND"
 
 
 class SeqOutOfRange(ContextLedgerError):
+    """A seq outside the session's 1..head range."""
+
     code = "SEQ_OUT_OF_RANGE"
+
+
+class ChainBroken(ContextLedgerError):
+    """A session's hash chain does not verify (or no longer reaches an anchor).
+
+    ``rebuild`` refuses to copy a view derived from such a chain unless forced.
+    """
+
+    code = "CHAIN_BROKEN"
 
 
 class MigrationRequired(ContextLedgerError):
@@ -79,13 +100,46 @@ class MigrationRequired(ContextLedgerError):
 
 
 class LedgerUnavailable(ContextLedgerError):
-    """The store could not be reached or started."""
+    """The store could not be reached or started; retrying later may succeed.
+
+    Codes: ``LEDGER_UNAVAILABLE`` (generic), ``CONNECTION_LOST``,
+    ``CONNECTION_REFUSED``, ``SERVER_STARTING``, ``SERVER_STOPPING``,
+    ``POOL_CLOSED``, ``TOO_MANY_CONNECTIONS``.
+    """
 
     code = "LEDGER_UNAVAILABLE"
     is_retryable = True
 
 
+class LedgerRefused(ContextLedgerError):
+    """The server refused the operation; retrying unchanged will not help.
+
+    Codes: ``READ_ONLY``, ``PERMISSION_DENIED``, ``DISK_FULL``,
+    ``STATEMENT_TIMEOUT``, ``DATABASE_ERROR`` (any other server error).
+    """
+
+    code = "DATABASE_ERROR"
+
+
+class EventDecodeError(ContextLedgerError):
+    """A stored event cannot be read by this code.
+
+    Codes: ``UNKNOWN_EVENT_TYPE``, ``EVENT_FROM_NEWER_CODE``, ``NO_UPCASTER``.
+    """
+
+    code = "EVENT_DECODE_FAILED"
+
+
+class MissingExtra(ContextLedgerError, ImportError):
+    """A part of contextledger was used whose optional packages are not installed;
+    ``extra`` names the ``pip install 'contextledger[extra]'`` that adds them."""
+
+    code = "MISSING_EXTRA"
+
+
 class LedgerClosed(ContextLedgerError):
+    """The ledger (or the session's ledger) was closed; open a new one."""
+
     code = "LEDGER_CLOSED"
 
 

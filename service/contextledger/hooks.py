@@ -23,6 +23,15 @@ PRE_COMPACT = "context:pre_compact"
 POST_COMPACT = "context:post_compact"
 OVERFLOW = "context:overflow"
 SUMMARIZATION = "context:summarization"
+#: Every event name a session emits, for listeners that want them all by name.
+HOOK_EVENTS: tuple[str, ...] = (
+    MESSAGE_ADDED,
+    INCLUDE,
+    PRE_COMPACT,
+    POST_COMPACT,
+    OVERFLOW,
+    SUMMARIZATION,
+)
 #: Subscribe to every event.
 WILDCARD = "*"
 

@@ -12,9 +12,38 @@ wider ones (any ``Mapping``/``Sequence``).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ContextManager"]
+from contextledger.core.config import ContextConfig
+from contextledger.core.tokens import TokenCounter
+from contextledger.hooks import PreCompactHandler
+from contextledger.store.base import Store
+
+__all__ = ["ContextManager", "LedgerHandle"]
+
+
+class LedgerHandle(Protocol):
+    """What a ``Session`` (and its compactor) need from the ``Ledger`` that opened it.
+
+    A port rather than the class, so ``session.py`` does not import ``ledger.py``
+    (which imports it to build sessions): the import graph stays acyclic.
+    """
+
+    store: Store
+    hook_target: Any | None
+    pre_compact: PreCompactHandler | None
+    _secrets: dict[tuple[str, str | None], str]
+    #: work a session started in the background (summaries); close() waits for it
+    _background: set[asyncio.Task[None]]
+
+    def _check_open(self) -> None: ...
+    def _config_from(self, stored: Mapping[str, Any]) -> ContextConfig: ...
+    def _remember_secrets(self, config: ContextConfig) -> None: ...
+    def counter_for(self, model: str | None, config: ContextConfig) -> TokenCounter: ...
+    async def warm_counter(self, model: str | None, config: ContextConfig) -> TokenCounter: ...
+    async def warm_model(self, model: str, config: ContextConfig) -> None: ...
 
 
 @runtime_checkable

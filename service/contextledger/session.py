@@ -1,145 +1,92 @@
-"""``Ledger`` and ``Session``: the async API that glues the pure core to a store.
+"""``Session``: one conversation's memory, the async façade over the pure core and a store.
 
 A ``Session`` satisfies the Amplifier ``ContextManager`` protocol (``add_message``,
 ``get_messages_for_request``, ``get_messages``, ``set_messages``, ``clear``) and
-adds the ledger's own verbs: checkpoints, rollback, replay and audit.
+adds the ledger's own verbs: checkpoints, rollback, replay and audit. Compaction
+lives in ``compactor.py``; opening ledgers and sessions in ``ledger.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 import structlog
 
-from . import hooks as hk
-from .budget import Budget, Usage, budget_for, budget_from_provider, thresholds_for, usage
-from .compaction import RequestState, plan, plan_request, prune_tool_outputs
-from .compaction.finish import bridge_cost, bridge_reserve, finish_request_view
-from .compaction.select import select_for_summary
-from .config import REDACTED, ContextConfig
-from .errors import (
-    CheckpointNotFound,
-    CompactionError,
-    ConcurrencyError,
-    InvalidArgument,
-    InvalidMessage,
-    LedgerClosed,
-    SessionExists,
-    SessionNotFound,
+from contextledger import hooks as hk
+from contextledger._checks import check_key, check_mapping, check_seq, check_text, checked_tokens
+from contextledger.compactor import Compactor, ManageResult
+from contextledger.core.budget import (
+    Budget,
+    Usage,
+    resolve_budget,
+    session_limits,
+    thresholds_for,
+    usage,
 )
-from .events import (
+from contextledger.core.chain import VerifyReport
+from contextledger.core.compaction import RequestPlanner, plan_view
+from contextledger.core.compaction.finish import (
+    FinishCache,
+    bridge_cost,
+    bridge_reserve,
+    finish_request_view,
+)
+from contextledger.core.config import ContextConfig
+from contextledger.core.encoding import dumps
+from contextledger.core.events import (
     CheckpointCreated,
-    CompactionApplied,
     ConfigChanged,
     Event,
     MessageAppended,
     MessagesReplaced,
     ModelChanged,
     Payload,
-    Pruned,
     RolledBack,
     SessionCleared,
-    SessionCreated,
     SummaryRecorded,
 )
-from .hooks import CompactContext, CompactDecision, HookBus, PreCompactHandler
-from .ledger.dsn import is_postgres, redact
-from .ledger.memory import MemoryStore
-from .ledger.store import Checkpoint, RebuildReport, SessionInfo, Store, VerifyReport
-from .messages import copy_json, validate_message
-from .models import ModelLimits, model_limits
-from .projection import fold
-from .tokens import TokenCounter, get_counter
-from .units import group_units, result_ids, synthetic_results, tool_calls
-from .view import ORD_STRIDE, ViewItem
+from contextledger.core.messages import copy_json, validate_message
+from contextledger.core.model_limits import ModelLimits
+from contextledger.core.projection import fold, message_item
+from contextledger.core.shapes import PROVIDERS, shape_of
+from contextledger.core.tokens import TokenCounter
+from contextledger.core.units import (
+    OpenCalls,
+    open_calls_at_tail,
+    result_ids,
+    synthetic_results,
+    track_open_calls,
+)
+from contextledger.core.view import ORD_STRIDE, ViewItem
+from contextledger.errors import (
+    CheckpointNotFound,
+    CompactionError,
+    ConcurrencyError,
+    InvalidArgument,
+    InvalidMessage,
+)
+from contextledger.hooks import HookBus, PreCompactHandler
+from contextledger.protocols import LedgerHandle
+from contextledger.provider_shapes import (
+    ProviderRequest,
+    as_message_list,
+    normalize,
+    render,
+)
+from contextledger.recall import reserve_for, with_recall
+from contextledger.store.base import AppendResult, Checkpoint, SessionInfo
+from contextledger.summarizer import FallbackCallback
 
 log = structlog.get_logger(__name__)
-MAX_SESSION_ID = 200
+#: The context window assumed for a session without a model (a warning says so).
+DEFAULT_WINDOW = 8192
 
 
-def _now() -> datetime:
+def utc_now() -> datetime:
+    """The wall clock events are stamped with (timezone-aware: hashes must not vary)."""
     return datetime.now(UTC)
-
-
-MAX_TOKENS = 2**31 - 1  # the ledger's token columns are 32-bit
-MAX_SEQ = 2**63 - 1
-
-
-def _check_text(value: Any, name: str, *, limit: int = 200) -> str:
-    """A short identifier: non-empty, printable to UTF-8, no NUL (PostgreSQL text)."""
-    if not isinstance(value, str) or not value.strip() or len(value) > limit or "\x00" in value:
-        raise InvalidArgument(f"{name} must be a non-empty string of at most {limit} "
-                              "characters, without NUL", field=name)
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidArgument(f"{name} is not valid Unicode", field=name) from None
-    return value
-
-
-def _check_session_id(session_id: Any) -> str:
-    return _check_text(session_id, "session_id", limit=MAX_SESSION_ID)
-
-
-def _check_key(key: Any) -> str | None:
-    return None if key is None else _check_text(key, "idempotency_key")
-
-
-def _check_seq(value: Any, name: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
-        raise InvalidArgument(f"{name} must be an int in 0..2**63-1", field=name)
-    return value
-
-
-def _check_mapping(value: Any, name: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise InvalidArgument(f"{name} must be a dict, not {type(value).__name__}", field=name)
-    try:
-        copied: dict[str, Any] = copy_json(dict(value), name)
-    except InvalidMessage as exc:
-        raise InvalidArgument(str(exc.args[0]), field=name) from None
-    return copied
-
-
-def _checked_tokens(tokens: int) -> int:
-    if tokens > MAX_TOKENS:
-        raise InvalidMessage(f"the message counts {tokens} tokens; the ledger holds at most "
-                             f"{MAX_TOKENS} per message (check the token counter's ratio)",
-                             field="tokens")
-    return tokens
-
-
-PRE_COMPACT_LABEL = "auto:pre-compact"
-STRATEGIES = ("truncate", "priority", "importance", "summarize")
-FallbackHook = Callable[[str, str, BaseException], Awaitable[None] | None]
-
-
-@dataclass(frozen=True)
-class ManageResult:
-    """What ``manage()`` found and did."""
-
-    state: str
-    actions: tuple[str, ...]
-    tokens_before: int
-    tokens_after: int
-
-
-@dataclass
-class _OpenCalls:
-    """Tool calls at the view's tail still waiting for their results."""
-
-    call: ViewItem
-    missing: list[str]
-    after: ViewItem
 
 
 class Session:
@@ -149,31 +96,52 @@ class Session:
     event in the ledger, everything it reads is a projection of those events.
     """
 
-    def __init__(self, ledger: Ledger, info: SessionInfo, config: ContextConfig,
-                 counter: TokenCounter) -> None:
+    def __init__(
+        self, ledger: LedgerHandle, info: SessionInfo, config: ContextConfig, counter: TokenCounter
+    ) -> None:
         self._ledger = ledger
         self._store = ledger.store
         self.session_id = info.session_id
         self._info = info
         self._config = config
         self._head = info.head
+        #: a (seq, hash) this handle saw on the chain: every append is pinned to it, so a
+        #: stale handle never writes onto a re-created session
+        self._known = (info.head, info.last_hash)
         self._view_tokens = info.view_tokens
         self.counter = counter
         self.hooks = HookBus(forward_to=ledger.hook_target)
         #: Asked before every compaction (manual or auto); may cancel it or supply a summary.
         self.pre_compact: PreCompactHandler | None = ledger.pre_compact
         #: Called as ``on_fallback(from_model, to_model, error)`` when a summarizer model fails.
-        self.on_fallback: FallbackHook | None = None
+        self.on_fallback: FallbackCallback | None = None
         self._ephemeral: list[ViewItem] = []
-        self._request_state: RequestState | None = None
-        self._open: _OpenCalls | None = None
+        self._open: OpenCalls | None = None
         self._tail_known = False
-        self._compacting = False
+        self._compactor = Compactor(self)
+        self._warned_no_model = False
+        #: the request state: the planner (O(budget) items), the raw budget it was built
+        #: for, and the head whose events it has consumed
+        self._planner: RequestPlanner | None = None
+        self._planner_budget = 0
+        self._planned = 0
+        self._request_seq = 0
+        #: an append since the last request confirmed that nobody else moved the head
+        self._checked = False
+        #: the request's ``token_budget`` in force (auto-compaction and usage follow it)
+        self._token_budget: int | None = None
+        self._finished: FinishCache = {}
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id!r} head={self._head} store={self._store.kind}>"
 
     # -- state ------------------------------------------------------------------------
+
+    @property
+    def request_seq(self) -> int:
+        """The seq the last request view was built at: ``request_at(request_seq)`` gives
+        it back exactly, even when a background summary landed right after it."""
+        return self._request_seq
 
     @property
     def head(self) -> int:
@@ -195,7 +163,9 @@ class Session:
     async def refresh(self) -> SessionInfo:
         self._info = await self._store.session_info(self.session_id)
         self._head, self._view_tokens = self._info.head, self._info.view_tokens
+        self._known = (self._info.head, self._info.last_hash)
         self._tail_known = False
+        self._checked = False
         return self._info
 
     async def get_token_count(self) -> int:
@@ -204,111 +174,162 @@ class Session:
 
     def limits(self, model: str | None = None) -> ModelLimits:
         """Context window and output limit of ``model`` (default: the session's)."""
+        self._warn_if_no_model(model)
+        return session_limits(self._config, self.model, model)
+
+    def _warn_if_no_model(self, model: str | None) -> None:
+        """Once per session: the window is assumed, not known, and how to make it known."""
         cfg = self._config
-        name = model or self.model
-        if cfg.context_window and not model:
-            return ModelLimits(cfg.context_window, cfg.max_output_tokens, "config")
-        if not name:
-            return ModelLimits(cfg.context_window or cfg.max_tokens or 8192,
-                               cfg.max_output_tokens, "default")
-        return model_limits(name, cfg.model_overrides or None)
+        if not (model or self.model or cfg.context_window) and not self._warned_no_model:
+            self._warned_no_model = True
+            log.warning(
+                "session_without_model",
+                session_id=self.session_id,
+                assumed_context_window=cfg.max_tokens or DEFAULT_WINDOW,
+                hint=(
+                    "pass model= to ledger.session(...) or call session.set_model(...), "
+                    "or set context_window in the session config"
+                ),
+            )
 
     def budget(
-        self, token_budget: int | None = None, provider: Any | None = None, *,
-        model: str | None = None, max_tokens: int | None = None,
+        self,
+        token_budget: int | None = None,
+        provider: Any | None = None,
+        *,
+        model: str | None = None,
+        max_tokens: int | None = None,
     ) -> Budget:
         """The request budget: explicit, else from the provider, else from the model's limits.
 
         ``max_tokens`` is the request's output allowance; ``config.max_tokens`` caps
-        the context itself (as Amplifier's ``max_tokens`` does).
+        the context itself (as Amplifier's ``max_tokens`` does). Called with no
+        argument, the budget in force: the last request's ``token_budget``, if any.
         """
-        cfg = self._config
-        if token_budget is not None:
-            if isinstance(token_budget, bool) or not isinstance(token_budget, int) or (
-                    token_budget <= 0):
-                raise InvalidArgument("token_budget must be a positive int",
-                                      field="token_budget")
-            cap = min(token_budget, cfg.max_tokens) if cfg.max_tokens else token_budget
-            return Budget(context_window=cap, output_reserve=0, safety_margin=0)
-        if not (model or self.model or cfg.context_window) and provider is None and (
-                cfg.max_tokens):
-            # No model to take limits from: the configured cap is the budget.
-            return Budget(context_window=cfg.max_tokens, output_reserve=0, safety_margin=0)
-        limits = self.limits(model)
-        found = budget_from_provider(
-            provider, fallback_context_window=limits.context_window,
-            fallback_max_output_tokens=limits.max_output_tokens, request_max_tokens=max_tokens,
-            config_max_tokens_cap=cfg.max_output_tokens,
-        ) if provider is not None else None
-        result = found or budget_for(
-            limits.context_window, limits.max_output_tokens, request_max_tokens=max_tokens,
-            config_max_tokens_cap=cfg.max_output_tokens, margin=cfg.safety_margin)
-        if cfg.max_tokens and cfg.max_tokens < result.available:
-            return Budget(context_window=cfg.max_tokens, output_reserve=0, safety_margin=0)
-        return result
+        if token_budget is None and provider is None and model is None and max_tokens is None:
+            token_budget = self._token_budget
+        if token_budget is None:
+            self._warn_if_no_model(model)
+        return resolve_budget(
+            self._config,
+            self.model,
+            token_budget=token_budget,
+            provider=provider,
+            model=model,
+            max_tokens=max_tokens,
+        )
 
     async def usage(self, model: str | None = None, max_tokens: int | None = None) -> Usage:
         """Tokens, budget, fraction and state (healthy/warning/critical/overflow); O(1)."""
         if model is not None:
-            _check_text(model, "model")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(
-                max_tokens, int) or max_tokens <= 0):
+            check_text(model, "model")
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0
+        ):
             raise InvalidArgument("max_tokens must be a positive int", field="max_tokens")
+        if model is not None:
+            await self._ledger.warm_model(model, self._config)
         b = self.budget(model=model, max_tokens=max_tokens)
-        return usage(await self.get_token_count(), b,
-                     thresholds_for(model or self.model, self._config.profile))
+        return usage(
+            await self.get_token_count(),
+            b,
+            thresholds_for(model or self.model, self._config.profile),
+        )
 
     # -- writing ----------------------------------------------------------------------
 
     async def _append(
-        self, payloads: Sequence[Payload], *, expected_seq: int | None = None,
+        self,
+        payloads: Sequence[Payload],
+        *,
+        expected_seq: int | None = None,
         idempotency_key: str | None = None,
     ) -> int:
+        return (await self._append_all(payloads, expected_seq, idempotency_key))[-1]
+
+    async def _append_all(
+        self,
+        payloads: Sequence[Payload],
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[int, ...]:
+        """Append; keep the request state in step without reading anything back.
+
+        The result's first seq says whether another writer moved the head since this
+        process last saw it: if not, the new messages go straight into the planner; if
+        so, the request path reads just the events in between (``_catch_up``).
+        """
         self._ledger._check_open()
-        result = await self._store.append(
-            self.session_id, payloads, created_at=_now(), expected_seq=expected_seq,
-            idempotency_key=idempotency_key)
-        if not result.duplicate:
-            self._head = result.seq
-            self._view_tokens = result.view_tokens
-            if not all(isinstance(p, MessageAppended | CheckpointCreated) for p in payloads):
-                self._view_changed()
-        return result.seq
+        prior = self._head
+
+        def call() -> Awaitable[AppendResult]:
+            return self._store.append(
+                self.session_id,
+                payloads,
+                created_at=utc_now(),
+                expected_seq=expected_seq,
+                idempotency_key=idempotency_key,
+                known=self._known,
+            )
+
+        policy = getattr(self._ledger, "retry_appends", None)
+        result = await (policy.run(call) if policy and idempotency_key else call())
+        if result.duplicate:
+            return result.seqs
+        moved = result.seqs[0] - 1 != prior
+        self._head = max(self._head, result.seq)
+        self._known = (result.seq, result.last_hash)
+        self._view_tokens = result.view_tokens
+        if not all(isinstance(p, MessageAppended | CheckpointCreated) for p in payloads):
+            self._view_changed()
+            return result.seqs
+        planner = self._planner
+        if planner is not None and not moved and self._planned == prior:
+            for seq, payload in zip(result.seqs, payloads, strict=True):
+                if isinstance(payload, MessageAppended):
+                    planner.push(message_item(seq, payload))
+            self._planned = result.seq
+            if planner.view_tokens != result.view_tokens:  # out of step: read afresh
+                self._planner = None
+        self._checked = not moved
+        return result.seqs
+
+    def _check_size(self, message: Mapping[str, Any]) -> None:
+        """The session's ``max_message_bytes`` cap, on the message's stored JSON."""
+        cap = self._config.max_message_bytes
+        size = len(dumps(dict(message)).encode("utf-8", "surrogatepass"))
+        if size > cap:
+            raise InvalidMessage(
+                f"message is {size} bytes of JSON, over this session's max_message_bytes "
+                f"({cap}); split it or raise the cap in the config",
+                field="message",
+                size=size,
+                limit=cap,
+            )
 
     def _view_changed(self) -> None:
         """A cold-path event rewrote the view: re-derive what was cached from it."""
-        self._request_state = None
+        self._planner = None
         self._tail_known = False
 
     async def _ensure_tail(self) -> None:
-        if self._tail_known:
-            return
-        self._open = None
-        view = await self._store.read_view(self.session_id)
-        if view:
-            last = group_units(view)[-1]
-            if last.missing and not last.orphan:
-                self._open = _OpenCalls(view[last.start], list(last.missing),
-                                        view[last.stop - 1])
-        self._tail_known = True
-
-    def _track(self, item: ViewItem) -> None:
-        calls = tool_calls(item.message)
-        if calls:
-            self._open = _OpenCalls(item, [c[0] for c in calls], item)
-            return
-        answered = set(result_ids(item.message)) - {""}
-        if self._open is not None and answered & set(self._open.missing):
-            self._open.missing = [m for m in self._open.missing if m not in answered]
-            self._open.after = item
-            if not self._open.missing:
-                self._open = None
-            return
-        self._open = None
+        if not self._tail_known:
+            planner = self._planner
+            if planner is not None and self._planned == self._head:
+                last = planner.last_items(64)
+            else:  # the last unit, whatever its size: never the whole view
+                last = list((await self._store.read_view_tail(self.session_id, 1)).items)
+            self._open = open_calls_at_tail(last)
+            self._tail_known = True
 
     async def add_message(
-        self, message: Mapping[str, Any], *, critical: bool = False, ephemeral: bool = False,
-        idempotency_key: str | None = None, expected_seq: int | None = None,
+        self,
+        message: Mapping[str, Any],
+        *,
+        critical: bool = False,
+        ephemeral: bool = False,
+        idempotency_key: str | None = None,
+        expected_seq: int | None = None,
     ) -> int | None:
         """Append ``message``; return its seq (``None`` for an ephemeral message).
 
@@ -317,36 +338,75 @@ class Session:
         the same ``idempotency_key`` returns the original seq and writes nothing.
         A tool call left unanswered when the conversation moves on gets a synthetic
         error result, recorded once, right before this message.
+
+        OpenAI Responses items and Gemini contents are accepted too: they are
+        converted to OpenAI chat (a Gemini content with several function results
+        becomes one tool message each; the seq returned is the last one's) and the
+        original is recorded beside each converted message (``data.original``).
         """
         self._ledger._check_open()
+        original: dict[str, Any] | None = None
+        if isinstance(message, Mapping) and shape_of(message) != "openai":
+            original = copy_json(dict(message), "message")
+            *first, message = await normalize(message)
+            for part in first:
+                await self._add_message(part, critical, ephemeral, None, None, original)
+        return await self._add_message(
+            message, critical, ephemeral, idempotency_key, expected_seq, original
+        )
+
+    async def _add_message(
+        self,
+        message: Mapping[str, Any],
+        critical: bool,
+        ephemeral: bool,
+        idempotency_key: str | None,
+        expected_seq: int | None,
+        original: Mapping[str, Any] | None,
+    ) -> int | None:
         copied = validate_message(message)
-        key = _check_key(idempotency_key)
-        expected = _check_seq(expected_seq, "expected_seq")
+        key = check_key(idempotency_key)
+        expected = check_seq(expected_seq, "expected_seq")
         if not isinstance(critical, bool) or not isinstance(ephemeral, bool):
             raise InvalidArgument("critical and ephemeral must be bools")
-        tokens = _checked_tokens(self.counter.count_message(copied))
+        tokens = checked_tokens(self.counter.count_message(copied))
+        self._check_size(copied)
         seq: int | None
         if ephemeral:
             if key is not None or expected is not None:
-                raise InvalidArgument("an ephemeral message takes no idempotency_key or "
-                                      "expected_seq: it is never written")
+                raise InvalidArgument(
+                    "an ephemeral message takes no idempotency_key or "
+                    "expected_seq: it is never written"
+                )
             slot = self._head * ORD_STRIDE + ORD_STRIDE // 2 + len(self._ephemeral)
-            self._ephemeral.append(ViewItem(ref=(-self._head, len(self._ephemeral)), ord=slot,
-                                            message=copied, tokens=tokens, critical=critical,
-                                            kind="ephemeral"))
+            self._ephemeral.append(
+                ViewItem(
+                    ref=(-self._head, len(self._ephemeral)),
+                    ord=slot,
+                    message=copied,
+                    tokens=tokens,
+                    critical=critical,
+                    kind="ephemeral",
+                )
+            )
             seq = None
         else:
             await self._ensure_tail()
             open_calls = self._open
             synthetic: list[Payload] = []
-            if open_calls is not None and not (
-                    set(result_ids(copied)) & set(open_calls.missing)):
+            if open_calls is not None and not (set(result_ids(copied)) & set(open_calls.missing)):
                 synthetic = [
-                    MessageAppended(dict(syn.message), syn.tokens, False, self.counter.name,
-                                    origin="synthetic")
-                    for syn in synthetic_results(open_calls.call, open_calls.after,
-                                                 open_calls.missing, self.counter)]
-            payloads = [*synthetic, MessageAppended(copied, tokens, critical, self.counter.name)]
+                    MessageAppended(
+                        dict(syn.message), syn.tokens, False, self.counter.name, origin="synthetic"
+                    )
+                    for syn in synthetic_results(
+                        open_calls.call, open_calls.after, open_calls.missing, self.counter
+                    )
+                ]
+            payloads = [
+                *synthetic,
+                MessageAppended(copied, tokens, critical, self.counter.name, original=original),
+            ]
             # Synthetic results are decided from this process's view of the tail: pin the
             # batch to the head they were decided at, and decide again if someone wrote.
             pin = self._head if synthetic and expected is None else expected
@@ -356,25 +416,92 @@ class Session:
                 if expected is not None or not synthetic:
                     raise
                 await self.refresh()
-                return await self.add_message(message, critical=critical,
-                                              idempotency_key=key)
-            if synthetic:
-                self._open = None
-            self._track(ViewItem(ref=(seq, 0), ord=seq * ORD_STRIDE, message=copied,
-                                 tokens=tokens, critical=critical))
+                return await self._add_message(message, critical, False, key, None, original)
+            self._open = track_open_calls(
+                None if synthetic else self._open,
+                ViewItem(
+                    ref=(seq, 0),
+                    ord=seq * ORD_STRIDE,
+                    message=copied,
+                    tokens=tokens,
+                    critical=critical,
+                ),
+            )
         if self.hooks.has_listeners(hk.MESSAGE_ADDED):
-            await self.hooks.emit(hk.MESSAGE_ADDED, {
-                "role": copied["role"], "content_length": len(str(copied.get("content") or "")),
-                "tokens": tokens, "seq": seq, "ephemeral": ephemeral,
-                "total_tokens": await self.get_token_count()})
-        if self._config.auto_compact and not self._compacting:
-            current = await self.usage()
-            if current.fraction >= self._config.compact_threshold:
-                await self.manage(trigger="auto")
+            await self.hooks.emit(
+                hk.MESSAGE_ADDED,
+                {
+                    "role": copied["role"],
+                    "content_length": len(str(copied.get("content") or "")),
+                    "tokens": tokens,
+                    "seq": seq,
+                    "ephemeral": ephemeral,
+                    "total_tokens": await self.get_token_count(),
+                },
+            )
+        await self._compactor.maybe_compact("append")
         return seq
 
-    async def include(self, source: str, content: str, *, role: str = "system",
-                      ephemeral: bool = False) -> int | None:
+    async def add_messages(
+        self, messages: Sequence[Mapping[str, Any]], *, critical: bool = False
+    ) -> list[int]:
+        """Append several messages atomically, in one round trip: one seq each, all or none.
+
+        Tool calls left open before the first message get their synthetic results in
+        the same batch (as ``add_message`` does).
+        """
+        self._ledger._check_open()
+        if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
+            raise InvalidArgument("add_messages takes a list of messages")
+        if not isinstance(critical, bool):
+            raise InvalidArgument("critical must be a bool")
+        copies = [validate_message(m) for m in messages]
+        if not copies:
+            return []
+        counts = [checked_tokens(self.counter.count_message(m)) for m in copies]
+        await self._ensure_tail()
+        open_calls = self._open
+        synthetic: list[Payload] = []
+        if open_calls is not None and not (set(result_ids(copies[0])) & set(open_calls.missing)):
+            synthetic = [
+                MessageAppended(
+                    dict(syn.message), syn.tokens, False, self.counter.name, origin="synthetic"
+                )
+                for syn in synthetic_results(
+                    open_calls.call, open_calls.after, open_calls.missing, self.counter
+                )
+            ]
+        payloads: list[Payload] = [
+            *synthetic,
+            *(
+                MessageAppended(m, t, critical, self.counter.name)
+                for m, t in zip(copies, counts, strict=True)
+            ),
+        ]
+        pin = self._head if synthetic else None
+        try:
+            seqs = await self._append_all(payloads, pin)
+        except ConcurrencyError:
+            if not synthetic:
+                raise
+            await self.refresh()
+            self._tail_known = False
+            return await self.add_messages(messages, critical=critical)
+        tracked = None if synthetic else self._open
+        for seq, m, t in zip(seqs[len(synthetic) :], copies, counts, strict=True):
+            tracked = track_open_calls(
+                tracked,
+                ViewItem(
+                    ref=(seq, 0), ord=seq * ORD_STRIDE, message=m, tokens=t, critical=critical
+                ),
+            )
+        self._open = tracked
+        await self._compactor.maybe_compact("append")
+        return list(seqs[len(synthetic) :])
+
+    async def include(
+        self, source: str, content: str, *, role: str = "system", ephemeral: bool = False
+    ) -> int | None:
         """Inject context from ``source`` (a hook, a retriever) and say so on the bus."""
         if not isinstance(source, str) or not source:
             raise InvalidArgument("include needs a non-empty source name", field="source")
@@ -387,7 +514,9 @@ class Session:
         if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
             raise InvalidArgument("set_messages takes a list of messages")
         copies = [validate_message(m) for m in messages]
-        tokens = tuple(_checked_tokens(self.counter.count_message(m)) for m in copies)
+        for m in copies:
+            self._check_size(m)
+        tokens = tuple(checked_tokens(self.counter.count_message(m)) for m in copies)
         self._ephemeral.clear()
         return await self._append([MessagesReplaced(tuple(copies), tokens, self.counter.name)])
 
@@ -397,12 +526,13 @@ class Session:
 
     async def checkpoint(self, label: str | None = None) -> Checkpoint:
         if label is not None:
-            _check_text(label, "label")
+            check_text(label, "label")
         if isinstance(label, str) and label.isdigit():
-            raise InvalidArgument("a checkpoint label cannot be all digits (it would read as "
-                                  "a seq in rollback)")
+            raise InvalidArgument(
+                "a checkpoint label cannot be all digits (it would read as a seq in rollback)"
+            )
         seq = await self._append([CheckpointCreated(label)])
-        return Checkpoint(seq, label, _now())
+        return Checkpoint(seq, label, utc_now())
 
     async def checkpoints(self) -> list[Checkpoint]:
         return await self._store.checkpoints(self.session_id)
@@ -416,19 +546,24 @@ class Session:
         checkpoint_seq: int | None = None
         if isinstance(to, Checkpoint):
             to_seq, checkpoint_seq, label = to.seq, to.seq, to.label
-            if to.seq not in {c.seq for c in await self.checkpoints()}:
-                raise CheckpointNotFound(f"seq {to.seq} is not a checkpoint of "
-                                         f"session {self.session_id!r}")
+            if (to.seq, to.label) not in {(c.seq, c.label) for c in await self.checkpoints()}:
+                raise CheckpointNotFound(
+                    f"no checkpoint at seq {to.seq} labelled {to.label!r} in session "
+                    f"{self.session_id!r}",
+                    seq=to.seq,
+                    label=to.label,
+                )
         elif isinstance(to, bool):
             raise InvalidArgument("rollback takes a Checkpoint, a label or a seq")
         elif isinstance(to, int):
-            to_seq = _check_seq(to, "to") or 0
+            to_seq = check_seq(to, "to") or 0
         elif isinstance(to, str):
-            _check_text(to, "label")
+            check_text(to, "label")
             matches = [c for c in await self.checkpoints() if c.label == to]
             if not matches:
-                raise CheckpointNotFound(f"no checkpoint labelled {to!r} in session "
-                                         f"{self.session_id!r}", label=to)
+                raise CheckpointNotFound(
+                    f"no checkpoint labelled {to!r} in session {self.session_id!r}", label=to
+                )
             to_seq, checkpoint_seq, label = matches[-1].seq, matches[-1].seq, to
         else:
             raise InvalidArgument("rollback takes a Checkpoint, a label or a seq")
@@ -436,16 +571,21 @@ class Session:
         seq = await self._append([RolledBack(to_seq, checkpoint_seq, label)])
         await self.refresh()  # the model and settings in force at the target come back too
         self._config = self._ledger._config_from(self._info.config)
-        self.counter = self._ledger.counter_for(self._info.model, self._config)
+        self.counter = await self._ledger.warm_counter(self._info.model, self._config)
         return seq
 
     async def record_summary(
-        self, from_seq: int, to_seq: int, summary: str | Mapping[str, Any], *,
-        audit: Mapping[str, Any] | None = None, role: str = "user",
+        self,
+        from_seq: int,
+        to_seq: int,
+        summary: str | Mapping[str, Any],
+        *,
+        audit: Mapping[str, Any] | None = None,
+        role: str = "user",
     ) -> int:
         """Low-level: one summary item replaces the view items positioned in the range."""
         for name, v in (("from_seq", from_seq), ("to_seq", to_seq)):
-            if not _check_seq(v, name):
+            if not check_seq(v, name):
                 raise InvalidArgument(f"{name} must be a positive int", field=name)
         if isinstance(summary, str):
             if not summary.strip():
@@ -453,9 +593,13 @@ class Session:
             message: dict[str, Any] = validate_message({"role": role, "content": summary})
         else:
             message = validate_message(summary)
-        payload = SummaryRecorded(from_seq, to_seq, message,
-                                  _checked_tokens(self.counter.count_message(message)),
-                                  _check_mapping(audit, "audit"))
+        payload = SummaryRecorded(
+            from_seq,
+            to_seq,
+            message,
+            checked_tokens(self.counter.count_message(message)),
+            check_mapping(audit, "audit"),
+        )
         return await self._append([payload])
 
     async def update_config(self, config: Mapping[str, Any] | ContextConfig) -> int:
@@ -465,21 +609,22 @@ class Session:
 
     async def set_model(self, model: str) -> int:
         """Switch model: the current view is recounted once with the new counter (an event)."""
-        return await self._change(None, _check_text(model, "model"))
+        return await self._change(None, check_text(model, "model"))
 
     async def _change(self, config: ContextConfig | None, model: str | None) -> int:
         """Record a settings and/or model change as one batch: both land, or neither."""
         payloads: list[Payload] = []
         new_config = config or self._config
         new_model = model or self.model
-        counter = self._ledger.counter_for(new_model, new_config)
+        counter = await self._ledger.warm_counter(new_model, new_config)
         if config is not None:
             self._ledger._remember_secrets(config)
             payloads.append(ConfigChanged(config.to_dict()))
         if model is not None or counter.name != self.counter.name:  # recount once
             items = await self._store.read_view(self.session_id)
-            recount = tuple((i.ref, _checked_tokens(counter.count_message(i.message)))
-                            for i in items)
+            recount = tuple(
+                (i.ref, checked_tokens(counter.count_message(i.message))) for i in items
+            )
             payloads.append(ModelChanged(new_model, counter.name, recount))
         if not payloads:
             return self._head
@@ -488,189 +633,25 @@ class Session:
         await self.refresh()
         return seq
 
-    # -- compaction -------------------------------------------------------------------
+    # -- compaction (decided and recorded by compactor.py) ----------------------------------
 
-    def _target(self, budget: int) -> tuple[int, int]:
-        """(trigger, target) token levels for ``budget``."""
-        cfg = self._config
-        cap = min(budget, cfg.max_tokens) if cfg.max_tokens else budget
-        return math.floor(cfg.compact_threshold * cap), max(1, math.floor(cfg.compact_target * cap))
-
-    async def compact(self, strategy: str | None = None, *,
-                      trigger: Literal["manual", "auto"] = "manual",
-                      token_budget: int | None = None) -> int:
+    async def compact(
+        self,
+        strategy: str | None = None,
+        *,
+        trigger: Literal["manual", "auto"] = "manual",
+        token_budget: int | None = None,
+    ) -> int:
         """Persist a compaction decision; return the tokens it saved (0: nothing to do).
 
         A checkpoint (``auto:pre-compact``) is written first, in the same transaction,
         so ``rollback`` to it undoes the compaction; ``view_at`` and ``rebuild`` replay it.
         """
-        name = strategy or self._config.compaction_strategy
-        if name not in STRATEGIES:
-            raise InvalidArgument(f"unknown strategy {name!r}; one of {STRATEGIES}",
-                                  field="strategy")
-        if trigger not in ("manual", "auto"):
-            raise InvalidArgument("trigger is 'manual' or 'auto'", field="trigger")
-        budget = self.budget(token_budget).available
-        _, target = self._target(budget)
-        items = await self._store.read_view(self.session_id)
-        before = sum(i.tokens for i in items)
-        decision = await hk.decide(self.pre_compact, CompactContext(
-            trigger, before, target, len(items), None))
-        if decision.cancel:
-            log.info("compaction_cancelled", session_id=self.session_id, trigger=trigger)
-            return 0
-        await self.hooks.emit(hk.PRE_COMPACT, {
-            "message_count": len(items), "tokens": before, "strategy": name,
-            "trigger": trigger, "target_tokens": target})
-        self._compacting = True
-        try:
-            saved, used = 0, name
-            if decision.custom_summary is not None or name == "summarize":
-                try:
-                    saved = await self._summarize(items, budget, decision, trigger)
-                except CompactionError as exc:
-                    if exc.code == "NO_TOKEN_BUDGET":
-                        raise
-                    if exc.code == "MIN_MESSAGES_NOT_MET":  # too little to fold: nothing happens
-                        log.info("summarize_skipped", session_id=self.session_id,
-                                 reason=str(exc))
-                    else:  # no model gave a valid summary: the deterministic strategy
-                        log.warning("summarize_fell_back", session_id=self.session_id,
-                                    code=exc.code, error=str(exc))
-                        used = "truncate"
-                        saved = await self._compact_plan(items, "truncate", target, budget,
-                                                         failure=exc)
-            else:
-                saved = await self._compact_plan(items, name, target, budget)
-        finally:
-            self._compacting = False
-        after = await self.get_token_count()
-        await self.hooks.emit(hk.POST_COMPACT, {
-            "message_count": len(await self._store.read_view(self.session_id)),
-            "tokens": after, "tokens_before": before, "tokens_after": after,
-            "tokens_saved": saved, "strategy": used, "trigger": trigger})
-        return saved
-
-    async def _compact_plan(self, items: Sequence[ViewItem], strategy: str, target: int,
-                            budget: int, *, failure: CompactionError | None = None) -> int:
-        p = plan(items, target_tokens=target, budget_tokens=budget, config=self._config,
-                 counter=self.counter, strategy=strategy)
-        return await self._record_plan(items, p.drop, p.prune, strategy, failure)
-
-    async def _record_plan(self, items: Sequence[ViewItem], drop: Sequence[Any],
-                           prune: Mapping[Any, Mapping[str, Any]], strategy: str,
-                           failure: CompactionError | None = None) -> int:
-        present = {i.ref: i for i in items}
-        drop = tuple(r for r in drop if r in present)
-        pruned = tuple(Pruned(r, dict(m), self.counter.count_message(m))
-                       for r, m in prune.items() if r in present and r not in drop)
-        if not drop and not pruned:
-            return 0
-        before = sum(i.tokens for i in items)
-        after = before - sum(present[r].tokens for r in drop) - sum(
-            present[p.ref].tokens - p.tokens for p in pruned)
-        payload = CompactionApplied(strategy, drop, pruned, before, after)
-        await self._append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
-        if failure is not None:
-            log.info("compaction_after_summary_failure", session_id=self.session_id,
-                     code=failure.code)
-        return before - after
-
-    def _model_specs(self) -> list[Any]:
-        from .summarizer import ModelSpec
-
-        specs = []
-        for m in self._config.summarizer.models:
-            key = m.api_key
-            if key in (None, REDACTED):
-                key = self._ledger._secrets.get((m.model, m.api_base))
-            specs.append(ModelSpec(m.model, api_base=m.api_base, api_key=key,
-                                   timeout=m.timeout, num_retries=m.num_retries))
-        return specs
-
-    async def _summarize(self, items: Sequence[ViewItem], budget: int,
-                         decision: CompactDecision, trigger: str) -> int:
-        """Fold older turns into one rolling summary event; nothing is written on failure."""
-        from .summarizer import SummaryRequest, summarize, validate_summary
-
-        scfg = self._config.summarizer
-        refs = select_for_summary(items, preserve_recent_turns=scfg.preserve_recent_turns,
-                                  preserve_tokens=scfg.preserve_tokens,
-                                  min_messages=scfg.min_messages)
-        if refs is None:
-            raise CompactionError(
-                f"fewer than {scfg.min_messages} messages before the preserved tail",
-                code="MIN_MESSAGES_NOT_MET")
-        chosen = set(refs)
-        covered = [i for i in items if i.ref in chosen]
-        priors = [i for i in covered if i.kind == "summary"]
-        prior_text = str(priors[-1].message.get("content")) if priors else None
-        before = sum(i.tokens for i in covered)
-        await self.hooks.emit(hk.OVERFLOW, {
-            "estimated_tokens": sum(i.tokens for i in items), "context_limit": budget})
-        attempts: list[dict[str, Any]] = []
-        if decision.custom_summary is not None:
-            text, _ = validate_summary(decision.custom_summary, counter=self.counter,
-                                       tokens_before=before, model="pre_compact hook")
-            model, prompt_version = "pre_compact hook", None
-        else:
-            result = await summarize(
-                SummaryRequest([dict(i.message) for i in covered if i.kind != "summary"],
-                               prior_text, decision.custom_instructions,
-                               scfg.max_summary_tokens, scfg.prompt),
-                self._model_specs(), counter=self.counter, tokens_before=before,
-                on_fallback=self.on_fallback, offline_fallback=scfg.offline_fallback)
-            text, model, prompt_version = result.text, result.model, result.prompt_version
-            attempts = [{"model": a.model, "ok": a.ok, "error_type": a.error_type,
-                         "error": a.error, "elapsed_s": round(a.elapsed_s, 3)}
-                        for a in result.attempts]
-        message = {"role": scfg.summary_role, "content": text}
-        tokens = self.counter.count_message(message)
-        audit = {
-            "covered": [covered[0].position, covered[-1].position],
-            "prior_summary_seq": priors[-1].seq if priors else None, "model": model,
-            "attempts": attempts, "tokens_before": before, "tokens_after": tokens,
-            "prompt_version": prompt_version,
-            "custom_instructions": decision.custom_instructions, "trigger": trigger,
-            "counter": self.counter.name,
-        }
-        first, last = covered[0].place, covered[-1].place
-        payload = SummaryRecorded(first[0], last[0], message, tokens, audit,
-                                  from_part=first[1], to_part=last[1])
-        await self._append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
-        await self.hooks.emit(hk.SUMMARIZATION, {
-            "summary_length": len(text), "preserved_messages": len(items) - len(covered),
-            "model": model, "tokens_before": before, "tokens_after": tokens})
-        return before - tokens
+        return await self._compactor.compact(strategy, trigger=trigger, token_budget=token_budget)
 
     async def manage(self, *, trigger: Literal["manual", "auto"] = "manual") -> ManageResult:
-        """Measure the state and apply what it calls for (Vellum's ``manage``).
-
-        warning → prune tool outputs; critical → compact with the configured
-        strategy; overflow → the most aggressive safe strategy (truncate).
-        """
-        current = await self.usage()
-        before = current.tokens
-        actions: list[str] = []
-        state = str(current.state)
-        if state == "warning":
-            items = await self._store.read_view(self.session_id)
-            pruned = prune_tool_outputs(items, config=self._config, counter=self.counter)
-            saved = await self._record_plan(items, (), pruned, "prune") if pruned else 0
-            if saved:
-                actions.append(f"pruned {len(pruned)} tool outputs ({saved} tokens)")
-        elif state == "critical":
-            saved = await self.compact(trigger=trigger)
-            if saved:
-                actions.append(f"compacted with {self._config.compaction_strategy} "
-                               f"({saved} tokens)")
-        elif state == "overflow":
-            await self.hooks.emit(hk.OVERFLOW, {"estimated_tokens": before,
-                                                "context_limit": current.budget})
-            saved = await self.compact("truncate", trigger=trigger)
-            if saved:
-                actions.append(f"emergency truncate ({saved} tokens)")
-        return ManageResult(state, tuple(actions), before, await self.get_token_count())
+        """Measure the state and apply what it calls for (Vellum's ``manage``)."""
+        return await self._compactor.manage(trigger=trigger)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -707,60 +688,153 @@ class Session:
     ) -> list[dict[str, Any]]:
         """Messages for the next request: within budget, valid for the provider.
 
-        Compaction here is ephemeral (nothing is written) and hysteretic: it triggers
-        at ``compact_threshold`` and goes down to ``compact_target``, and later
-        requests reuse that decision, so the prompt prefix stays stable. With
-        ``auto_compact`` and the ``summarize`` strategy, a rolling summary is recorded
-        once when the view crosses the threshold and serves the following requests.
+        Plan, fit, finish. The plan is kept in the process and updated by each append
+        (``core/compaction/request.py``): no read when nothing changed, just the new
+        events when another writer appended, O(budget) whatever the history. Compaction
+        here is ephemeral (nothing is written); the cut moves rarely, so the prompt
+        prefix stays stable, and it is a pure function of the view, so ``request_at``
+        replays it exactly. With the ``summarize`` strategy, crossing the threshold
+        starts a rolling summary in the background; requests use it once recorded.
+
+        ``provider`` is a provider object (its model and limits set the budget and
+        the finishing touches) or a shape name: ``"openai"`` (the default shape),
+        ``"anthropic"`` (tool calls as ``tool_use`` and results as ``tool_result``
+        blocks, turns merged to alternate) or ``"gemini"`` (role ``model``,
+        ``parts``). For those two the system prompt, when there is one, comes first
+        as ``{"role": "system", "content": text}``: pass it as ``system=`` (or use
+        ``request_for(provider)``, which returns it separately).
         """
+        if isinstance(provider, str):
+            return as_message_list(await self.request_for(provider, token_budget))
+        self._ledger._check_open()
         budget = self.budget(token_budget, provider).available
+        if token_budget is not None:
+            self._token_budget = token_budget
         cfg = self._config
-        if cfg.auto_compact and cfg.compaction_strategy == "summarize" and not self._compacting:
-            # Summarize at the level the planner below compacts at once a summary (and
-            # the bridges it reserves room for) exists; otherwise the turns in between
-            # would get an ephemeral pass: a changed prefix, and request_at != sent.
-            await self._auto_summarize(budget - bridge_cost(self.counter))
-        items = await self.view_items()
-        previous = self._request_state
-        budget -= bridge_reserve(items, self.counter)  # finish may add bridge messages
+        recall_room = reserve_for(budget, cfg.recall)  # the recall block's share
+        budget -= recall_room
+        await self._compactor.maybe_compact("request", budget=budget)
+        # 1. plan
+        planner = await self._request_planner(budget)
+        # 2. fit (ephemeral messages merged in; the engine only when over the budget)
         try:
-            if budget <= 0:
-                raise CompactionError("no room left once bridge messages are reserved",
-                                      code="NO_TOKEN_BUDGET")
-            view, state = plan_request(items, budget_tokens=budget, config=cfg,
-                                       counter=self.counter, previous=previous)
+            items = planner.view(self._ephemeral)
         except CompactionError as exc:
-            await self.hooks.emit(hk.OVERFLOW, {
-                "estimated_tokens": sum(i.tokens for i in items), "context_limit": budget})
+            await self.hooks.emit(
+                hk.OVERFLOW, {"estimated_tokens": planner.tokens, "context_limit": budget}
+            )
             raise exc
-        self._request_state = state
-        if state.passes != (previous.passes if previous is not None else 0):
-            tokens = sum(i.tokens for i in items)
-            await self.hooks.emit(hk.PRE_COMPACT, {
-                "message_count": len(items), "tokens": tokens, "ephemeral": True})
-            await self.hooks.emit(hk.POST_COMPACT, {
-                "message_count": len(view), "tokens": state.tokens_after,
-                "tokens_before": tokens, "tokens_after": state.tokens_after,
-                "tokens_saved": tokens - state.tokens_after,
-                "strategy": cfg.compaction_strategy, "ephemeral": True})
-        return finish_request_view(view, target_model=self._target_model(provider))
+        if planner.passes != self._seen_passes:
+            await self._announce_pass(planner, items)
+        self._seen_passes = planner.passes
+        self._compactor.summarize_in_background(planner)
+        self._request_seq = self._planned
+        # 3. recall what the view left out, just before the latest turn
+        sent = await with_recall(self, items, recall_room, cfg, upto_seq=self._head, branch=None)
+        # 4. finish for the provider
+        return finish_request_view(
+            sent, target_model=self._target_model(provider), cache=self._finished
+        )
 
-    async def _auto_summarize(self, budget: int) -> None:
-        """Record a rolling summary once the view crosses the threshold.
+    _seen_passes = 0
 
-        ``compact`` never loses the turn: if no model gives a valid summary it records
-        the deterministic strategy instead, which takes the view down to the target,
-        so the next attempt waits for the next crossing (no retry storm).
-        """
-        trigger, _ = self._target(budget)
-        if await self.get_token_count() >= trigger:
-            await self.compact("summarize", trigger="auto", token_budget=budget)
+    async def _announce_pass(self, planner: RequestPlanner, items: Sequence[ViewItem]) -> None:
+        tokens = planner.tokens
+        after = sum(i.tokens for i in items)
+        await self.hooks.emit(
+            hk.PRE_COMPACT, {"message_count": len(items), "tokens": tokens, "ephemeral": True}
+        )
+        await self.hooks.emit(
+            hk.POST_COMPACT,
+            {
+                "message_count": len(items),
+                "tokens": after,
+                "tokens_before": tokens,
+                "tokens_after": after,
+                "tokens_saved": max(0, tokens - after),
+                "strategy": self._config.compaction_strategy,
+                "ephemeral": True,
+            },
+        )
+
+    async def _request_planner(self, budget: int) -> RequestPlanner:
+        """The planner for ``budget``, caught up with the ledger: reused when nothing
+        moved, fed just the delta when another writer appended, rebuilt from the view's
+        tail (O(budget) rows) when the view was rewritten or the budget changed."""
+        planner = self._planner
+        if planner is not None and (
+            self._planner_budget != budget or planner.config != self._config
+        ):
+            planner = None
+        if planner is not None and not self._checked:
+            info = await self._store.session_info(self.session_id)
+            self._head = max(self._head, info.head)
+            self._known = (info.head, info.last_hash)
+        if planner is not None and self._planned < self._head:
+            planner = await self._catch_up(planner)
+        if planner is None:
+            planner = await self._load_planner(budget)
+        self._checked = False
+        return planner
+
+    async def _catch_up(self, planner: RequestPlanner) -> RequestPlanner | None:
+        """Feed the planner the events it has not seen; None if one rewrote the view."""
+        async for event in self._store.read_events(self.session_id, self._planned + 1):
+            payload = event.payload
+            if isinstance(payload, MessageAppended):
+                planner.push(message_item(event.seq, payload))
+            elif not isinstance(payload, CheckpointCreated):
+                self._view_changed()
+                return None
+            self._planned = event.seq
+            self._head = max(self._head, event.seq)
+            self._known = (event.seq, event.hash)
+        self._tail_known = False
+        return planner
+
+    async def _load_planner(self, budget: int) -> RequestPlanner:
+        tail = await self._store.read_view_tail(self.session_id, 2 * budget)
+        summaries = sum(1 for i in (*tail.pinned, *tail.items) if i.kind == "summary")
+        room = budget - summaries * bridge_cost(self.counter)  # finish may add bridges
+        if room <= 0:
+            raise CompactionError(
+                "no room left once bridge messages are reserved", code="NO_TOKEN_BUDGET"
+            )
+        planner = RequestPlanner(room, self._config, self.counter)
+        planner.start(tail.before_tokens, tail.pinned)
+        planner.extend(tail.items)
+        self._planner, self._planner_budget = planner, budget
+        self._planned = tail.head
+        self._head = max(self._head, tail.head)
+        self._seen_passes = planner.passes
+        self._tail_known = False
+        return planner
+
+    async def close(self, wait_seconds: float = 30.0) -> None:
+        """Wait for a summary in flight (up to ``wait_seconds``), else cancel it."""
+        await self._compactor.wait(wait_seconds)
+
+    @property
+    def summary_failure(self) -> CompactionError | None:
+        """The last background summary that failed (typed); ``None`` once one succeeds."""
+        return self._compactor.summary_failure
+
+    async def request_for(self, provider: str, token_budget: int | None = None) -> ProviderRequest:
+        """The request view in ``provider``'s shape (``openai``, ``anthropic``, ``gemini``)
+        with the system prompt separate; converted by litellm, off the event loop."""
+        if provider not in PROVIDERS:
+            raise InvalidArgument(
+                f"provider must be one of {PROVIDERS} or a provider object, got {provider!r}",
+                field="provider",
+            )
+        messages = await self.get_messages_for_request(token_budget)
+        return await render(messages, provider, self.model)
 
     def events(self, from_seq: int = 1, to_seq: int | None = None) -> AsyncIterator[Event]:
         """The session's events in seq order (an async iterator; pages under the hood)."""
         self._ledger._check_open()
-        _check_seq(from_seq, "from_seq")
-        _check_seq(to_seq, "to_seq")
+        check_seq(from_seq, "from_seq")
+        check_seq(to_seq, "to_seq")
         return self._store.read_events(self.session_id, from_seq, to_seq)
 
     async def _fold_to(self, seq: int) -> Any:
@@ -774,184 +848,31 @@ class Session:
         """The working view right after ``seq`` (replayed from the events)."""
         return [dict(i.message) for i in (await self._fold_to(seq)).view]
 
-    async def request_at(self, seq: int, provider: Any | None = None) -> list[dict[str, Any]]:
-        """What a request built right after ``seq`` carried, when no ephemeral
-        compaction was needed: the replayed view, finished for the provider."""
-        return finish_request_view((await self._fold_to(seq)).view,
-                                   target_model=self._target_model(provider))
+    async def request_at(
+        self, seq: int, provider: Any | None = None, *, token_budget: int | None = None
+    ) -> list[dict[str, Any]]:
+        """What a request built right after ``seq`` carried: the replayed view, planned
+        for the same budget (default: the budget in force) with the settings in force at
+        ``seq``, with its recall block (searched as of ``seq``, on the branch as of
+        ``seq``), finished for the provider. Ephemeral messages are not in the ledger;
+        replays never call a model or an embedder."""
+        state = await self._fold_to(seq)
+        config = self._ledger._config_from(state.config) if state.config else self._config
+        if token_budget is None and provider is None:
+            token_budget = self._token_budget
+        budget = resolve_budget(
+            config, state.model, token_budget=token_budget, provider=provider
+        ).available
+        recall_room = reserve_for(budget, config.recall)
+        budget -= recall_room + bridge_reserve(state.view, self.counter)
+        if budget <= 0:
+            raise CompactionError(
+                "no room left once bridge messages are reserved", code="NO_TOKEN_BUDGET"
+            )
+        items = plan_view(state.view, budget_tokens=budget, config=config, counter=self.counter)
+        branch = [i.seq for i in state.branch if i.ref[1] == 0]
+        view = await with_recall(self, items, recall_room, config, upto_seq=seq, branch=branch)
+        return finish_request_view(view, target_model=self._target_model(provider))
 
     async def verify(self) -> VerifyReport:
         return await self._store.verify(self.session_id)
-
-
-class Ledger:
-    """A handle on one store. ``async with Ledger.open(dsn) as ledger: ...``"""
-
-    def __init__(self, store: Store, *, config: ContextConfig | Mapping[str, Any] | None = None,
-                 dsn: str | None = None) -> None:
-        self.store = store
-        self.dsn = dsn
-        self.config = config if isinstance(config, ContextConfig) else (
-            ContextConfig.from_mapping(config))
-        #: Where session hook events are forwarded too (an Amplifier coordinator's hooks).
-        self.hook_target: Any | None = None
-        #: Default pre-compact handler for sessions opened from here.
-        self.pre_compact: PreCompactHandler | None = None
-        self._secrets: dict[tuple[str, str | None], str] = {}
-        self._counters: dict[tuple[str, str | None], TokenCounter] = {}
-        self._remember_secrets(self.config)
-        self._closed = False
-
-    def __repr__(self) -> str:
-        where = redact(self.dsn) if self.dsn else self.store.kind
-        return f"<Ledger {where}>"
-
-    @classmethod
-    def open(
-        cls, dsn: str | None = None, *, home: str | None = None, migrate: bool | None = None,
-        config: ContextConfig | Mapping[str, Any] | str | None = None, pool_size: int = 10,
-    ) -> _Opener:
-        """Open a ledger: ``None`` → embedded PostgreSQL, ``postgresql://…``, or ``memory://``.
-
-        The embedded server is migrated on first use; another server must already be
-        migrated unless ``migrate=True`` (otherwise ``MigrationRequired`` says how).
-        ``config`` (dict, YAML text or ``ContextConfig``) is the default for sessions.
-        """
-        return _Opener(cls, dsn, home, migrate, config, pool_size)
-
-    @classmethod
-    async def _open(
-        cls, dsn: str | None, home: str | None, migrate: bool | None,
-        config: ContextConfig | Mapping[str, Any] | str | None, pool_size: int,
-    ) -> Ledger:
-        from pathlib import Path
-
-        cfg = config if isinstance(config, ContextConfig) else ContextConfig.from_mapping(config)
-        if dsn == "memory://":
-            return cls(MemoryStore(), config=cfg, dsn=dsn)
-        from .ledger import migrate as migrations
-        from .ledger.postgres import PostgresStore
-
-        if dsn is None:
-            from .ledger import embedded
-
-            dsn = await asyncio.to_thread(embedded.start, Path(home) if home else None)
-            migrate = True if migrate is None else migrate
-        elif not isinstance(dsn, str) or not is_postgres(dsn):
-            raise InvalidArgument(
-                "dsn must be None (embedded), 'memory://' or a postgresql:// URL", field="dsn")
-        if migrate:
-            await migrations.upgrade(dsn)
-        store = await PostgresStore.connect(dsn, max_size=pool_size)
-        try:
-            await store.require_revision(migrations.head_revision())
-        except BaseException:
-            await store.close()
-            raise
-        return cls(store, config=cfg, dsn=dsn)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise LedgerClosed("this ledger is closed")
-
-    def _remember_secrets(self, config: ContextConfig) -> None:
-        """API keys stay in this process: the ledger records configs redacted."""
-        for m in config.summarizer.models:
-            if m.api_key and m.api_key != REDACTED:
-                self._secrets[(m.model, m.api_base)] = m.api_key
-
-    def _config_from(self, stored: Mapping[str, Any]) -> ContextConfig:
-        return ContextConfig.from_mapping(stored) if stored else self.config
-
-    def counter_for(self, model: str | None, config: ContextConfig) -> TokenCounter:
-        key = (config.token_counter, model)
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self._counters[key] = get_counter(config.token_counter, model)
-        return counter
-
-    async def session(
-        self, session_id: str, *, create: bool = True, model: str | None = None,
-        config: ContextConfig | Mapping[str, Any] | str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> Session:
-        """Open (or create) a session. A different ``config`` or ``model`` is recorded."""
-        self._check_open()
-        _check_session_id(session_id)
-        if model is not None:
-            _check_text(model, "model")
-        meta = _check_mapping(metadata, "metadata")
-        passed: ContextConfig | None = None
-        if isinstance(config, ContextConfig):
-            passed = config
-        elif config is not None:
-            passed = self.config.merged(config)
-        if passed is not None:
-            self._remember_secrets(passed)
-        try:
-            info = await self.store.session_info(session_id)
-        except SessionNotFound:
-            if not create:
-                raise
-            effective = passed or self.config
-            try:
-                info = await self.store.create_session(
-                    session_id, SessionCreated(model, effective.to_dict(), meta),
-                    created_at=_now())
-            except SessionExists:  # created concurrently: open it instead
-                info = await self.store.session_info(session_id)
-        stored = self._config_from(info.config)
-        session = Session(self, info, stored, self.counter_for(info.model, stored))
-        if config is not None and not isinstance(config, ContextConfig):
-            wanted = stored.merged(config)
-        else:
-            wanted = passed or stored
-        changed = wanted.to_dict() != stored.to_dict()
-        new_model = model if model is not None and model != info.model else None
-        if changed or new_model:
-            await session._change(wanted if changed else None, new_model)
-        if not changed:
-            session._config = wanted  # same settings, possibly with this process's secrets
-        return session
-
-    async def sessions(self) -> list[SessionInfo]:
-        self._check_open()
-        return await self.store.list_sessions()
-
-    async def verify(self, session_id: str) -> VerifyReport:
-        self._check_open()
-        return await self.store.verify(_check_session_id(session_id))
-
-    async def verify_all(self) -> list[VerifyReport]:
-        return [await self.store.verify(s.session_id) for s in await self.sessions()]
-
-    async def rebuild(self, session_id: str | None = None) -> list[RebuildReport]:
-        """Recompute view rows from the events; report (and repair) any difference."""
-        self._check_open()
-        ids = [_check_session_id(session_id)] if session_id is not None else [
-            s.session_id for s in await self.store.list_sessions()]
-        return [await self.store.rebuild(i) for i in ids]
-
-    async def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self.store.close()
-
-
-class _Opener:
-    """``Ledger.open(...)`` works both as ``await`` and as ``async with``."""
-
-    def __init__(self, cls: type[Ledger], *args: Any) -> None:
-        self._cls, self._args = cls, args
-        self._ledger: Ledger | None = None
-
-    def __await__(self) -> Generator[Any, None, Ledger]:
-        return self._cls._open(*self._args).__await__()
-
-    async def __aenter__(self) -> Ledger:
-        self._ledger = await self._cls._open(*self._args)
-        return self._ledger
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._ledger is not None:
-            await self._ledger.close()

@@ -21,8 +21,8 @@ import sqlalchemy
 from pytest_postgresql import factories
 
 from contextledger import Ledger
-from contextledger.ledger.embedded import prune_stale_pids
-from contextledger.ledger.migrate import upgrade_sync
+from contextledger.store.embedded import prune_stale_pids
+from contextledger.store.migrate import upgrade_sync
 
 
 def _server() -> tuple[str, int]:
@@ -42,11 +42,14 @@ def _server() -> tuple[str, int]:
 PG_HOST, PG_PORT = _server()
 
 
-def _migrate(host: str, port: int, user: str, dbname: str, password: str | None,
-             **_: Any) -> None:
+def _migrate(host: str, port: int, user: str, dbname: str, password: str | None, **_: Any) -> None:
     url = sqlalchemy.engine.URL.create(
-        "postgresql+psycopg", username=user, password=password or None, database=dbname,
-        query={"host": host, "port": str(port)})
+        "postgresql+psycopg",
+        username=user,
+        password=password or None,
+        database=dbname,
+        query={"host": host, "port": str(port)},
+    )
     engine = sqlalchemy.create_engine(url)
     with engine.begin() as conn:
         upgrade_sync(conn)
@@ -54,7 +57,8 @@ def _migrate(host: str, port: int, user: str, dbname: str, password: str | None,
 
 
 postgresql_noproc = factories.postgresql_noproc(
-    host=PG_HOST, port=PG_PORT, user="postgres", dbname="cl_test", load=[_migrate])
+    host=PG_HOST, port=PG_PORT, user="postgres", dbname="cl_test", load=[_migrate]
+)
 postgresql = factories.postgresql("postgresql_noproc")
 
 
@@ -85,3 +89,11 @@ async def ledger(request: pytest.FixtureRequest) -> AsyncIterator[Ledger]:
         dsn = dsn_for(request.getfixturevalue("postgresql"))
         async with Ledger.open(dsn) as led:
             yield led
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/integration needs a real PostgreSQL: mark it so."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.integration)

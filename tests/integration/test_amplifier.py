@@ -82,8 +82,13 @@ async def test_context_validator_passes_against_postgres(pg_dsn: str) -> None:
     # mounted and inspected (not the "returned a cleanup, nothing mounted" warning path)
     assert checks["protocol_compliance"].passed
     assert checks["protocol_compliance"].severity == "info"
-    for method in ("add_message", "get_messages_for_request", "get_messages",
-                   "set_messages", "clear"):
+    for method in (
+        "add_message",
+        "get_messages_for_request",
+        "get_messages",
+        "set_messages",
+        "clear",
+    ):
         assert checks[f"context_{method}"].passed
     assert not result.warnings
     assert not _fallbacks(logs)
@@ -140,8 +145,7 @@ class TestContextLedgerBehavior(ContextBehaviorTests):
 # ------------------------------------------------------------------------- protocols
 
 
-async def test_session_satisfies_both_protocols(
-        mounted: tuple[MockCoordinator, Session]) -> None:
+async def test_session_satisfies_both_protocols(mounted: tuple[MockCoordinator, Session]) -> None:
     _, session = mounted
     assert isinstance(session, ContextManager)
     assert isinstance(session, CheckableAmplifierContextManager)
@@ -150,10 +154,12 @@ async def test_session_satisfies_both_protocols(
 
 
 async def test_mounts_at_context_under_the_coordinators_session_id(
-        mounted: tuple[MockCoordinator, Session]) -> None:
+    mounted: tuple[MockCoordinator, Session],
+) -> None:
     coordinator, session = mounted
     assert coordinator.mount_history == [
-        {"mount_point": "context", "module": session, "name": None}]
+        {"mount_point": "context", "module": session, "name": None}
+    ]
     assert session.session_id == coordinator.session_id == "test-session"
     assert repr(session).endswith("store=postgres>")
     await session.add_message({"role": "user", "content": "hi"})
@@ -181,7 +187,9 @@ async def test_plain_coordinator_gets_a_fresh_session_id(pg_dsn: str) -> None:
 async def test_unreachable_store_falls_back_to_memory() -> None:
     coordinator = MockCoordinator()
     with capture_logs() as logs:
-        cleanup = await mount(coordinator, {"dsn": CLOSED_PORT_DSN, "session_id": "s1"})
+        cleanup = await mount(
+            coordinator, {"dsn": CLOSED_PORT_DSN, "session_id": "s1", "on_unreachable": "memory"}
+        )
     try:
         [warning] = _fallbacks(logs)
         assert warning["log_level"] == "warning"
@@ -204,14 +212,44 @@ async def test_unreachable_database_on_a_live_server_falls_back(pg_dsn: str) -> 
     dsn = base.rsplit("/", 1)[0] + "/cl_no_such_database?" + query
     coordinator = MockCoordinator()
     with capture_logs() as logs:
-        cleanup = await mount(coordinator, {"dsn": dsn})
+        cleanup = await mount(coordinator, {"dsn": dsn, "on_unreachable": "memory"})
     await cleanup()
     assert len(_fallbacks(logs)) == 1
     assert repr(coordinator.mount_points["context"]).endswith("store=memory>")
 
 
+async def test_an_unreachable_store_fails_unless_memory_is_asked_for() -> None:
+    """Finding 6: the mount fell back to memory:// with only a warning, no way to fail."""
+    from contextledger import LedgerUnavailable
+
+    coordinator = MockCoordinator()
+    with capture_logs() as logs, pytest.raises(LedgerUnavailable):
+        await mount(coordinator, {"dsn": CLOSED_PORT_DSN})
+    assert not _fallbacks(logs)
+    assert coordinator.mount_points["context"] is None
+
+
+async def test_the_mount_resolves_contextledger_dsn(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTEXTLEDGER_DSN", pg_dsn)
+    coordinator = MockCoordinator()
+    cleanup = await mount(coordinator, {"session_id": "env-mounted"})
+    try:
+        assert repr(coordinator.mount_points["context"]).endswith("store=postgres>")
+    finally:
+        await cleanup()
+
+
+def test_the_readme_documents_the_mount_options() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for option in ("on_unreachable", "session_id", "storage_path", "module: context-ledger"):
+        assert option in readme
+
+
 async def test_hook_events_reach_the_coordinators_registry(
-        mounted: tuple[MockCoordinator, Session]) -> None:
+    mounted: tuple[MockCoordinator, Session],
+) -> None:
     coordinator, session = mounted
     seen: list[tuple[str, dict[str, Any]]] = []
 
@@ -286,19 +324,26 @@ async def test_cleanup_closes_the_ledger_and_is_idempotent(pg_dsn: str) -> None:
 
 
 def test_entry_point_resolves_to_mount() -> None:
-    [ep] = [e for e in importlib.metadata.entry_points(group="amplifier.modules")
-            if e.name == "context-ledger"]
+    [ep] = [
+        e
+        for e in importlib.metadata.entry_points(group="amplifier.modules")
+        if e.name == "context-ledger"
+    ]
     assert ep.load() is mount
     assert contextledger.amplifier.__amplifier_module_type__ == "context"
 
 
-@pytest.mark.parametrize(("config", "key"), [
-    ({"compact_treshold": 0.5}, "compact_treshold"),
-    ({"compact_threshold": 2.0}, "compact_threshold"),
-    ({"session_id": ""}, "session_id"),
-    ({"session_id": 42}, "session_id"),
-    ({"dsn": "mysql://localhost/x"}, "dsn"),
-])
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        ({"compact_treshold": 0.5}, "compact_treshold"),
+        ({"compact_threshold": 2.0}, "compact_threshold"),
+        ({"session_id": ""}, "session_id"),
+        ({"session_id": 42}, "session_id"),
+        ({"dsn": "mysql://localhost/x"}, "dsn"),
+        ({"on_unreachable": "retry"}, "on_unreachable"),
+    ],
+)
 async def test_bad_config_raises_and_mounts_nothing(config: dict[str, Any], key: str) -> None:
     coordinator = MockCoordinator()
     with pytest.raises(ConfigError) as info:

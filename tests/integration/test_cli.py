@@ -13,15 +13,16 @@ from typing import Any
 import asyncpg
 
 from contextledger import Ledger
-from contextledger.ledger.dsn import asyncpg_dsn
+from contextledger.store.dsn import asyncpg_dsn
 
 CLI = str(Path(sys.executable).with_name("contextledger"))
 
 
 def run(dsn: str, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CONTEXTLEDGER_DSN": dsn, "COLUMNS": "200"}
-    return subprocess.run([CLI, *args], capture_output=True, text=True, env=env, input=input,
-                          timeout=120, check=False)
+    return subprocess.run(
+        [CLI, *args], capture_output=True, text=True, env=env, input=input, timeout=120, check=False
+    )
 
 
 def seed(dsn: str) -> None:
@@ -48,7 +49,10 @@ def test_sessions_events_and_view(pg_dsn: str) -> None:
     assert [r["type"] for r in rows][3] == "checkpoint.created"
     view = run(pg_dsn, "view", "cli", "--json")
     assert [m["content"] for m in json.loads(view.stdout)] == [
-        "first question", "first answer", "second question"]
+        "first question",
+        "first answer",
+        "second question",
+    ]
     at = run(pg_dsn, "view", "cli", "--at", "3", "--json")
     assert [m["content"] for m in json.loads(at.stdout)] == ["first question", "first answer"]
 
@@ -76,8 +80,10 @@ def test_verify_exits_1_on_a_tampered_chain(pg_dsn: str) -> None:
         try:
             async with conn.transaction():
                 await conn.execute("ALTER TABLE contextledger.events DISABLE TRIGGER USER")
-                await conn.execute("UPDATE contextledger.events SET tokens = tokens + 1"
-                                   " WHERE session_id = 'cli' AND seq = 2")
+                await conn.execute(
+                    "UPDATE contextledger.events SET tokens = tokens + 1"
+                    " WHERE session_id = 'cli' AND seq = 2"
+                )
                 await conn.execute("ALTER TABLE contextledger.events ENABLE TRIGGER USER")
         finally:
             await conn.close()

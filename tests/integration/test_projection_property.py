@@ -10,13 +10,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextledger import InvalidArgument, Ledger
-from contextledger.projection import fold
+from contextledger.core.projection import fold
 
 _ids = itertools.count()
 
 text = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=30)
-message = st.builds(lambda role, content: {"role": role, "content": content},
-                    st.sampled_from(["user", "assistant", "system"]), text)
+message = st.builds(
+    lambda role, content: {"role": role, "content": content},
+    st.sampled_from(["user", "assistant", "system"]),
+    text,
+)
 
 op = st.one_of(
     st.tuples(st.just("append"), message, st.booleans()),
@@ -48,8 +51,9 @@ async def run(ledger: Ledger, ops: list[Any]) -> None:
             view = await session.view_items()
             seqs = sorted({i.position for i in view})
             if seqs:
-                a, b = sorted((seqs[int(step[1] * (len(seqs) - 1))],
-                               seqs[int(step[2] * (len(seqs) - 1))]))
+                a, b = sorted(
+                    (seqs[int(step[1] * (len(seqs) - 1))], seqs[int(step[2] * (len(seqs) - 1))])
+                )
                 covered = [n for n, i in enumerate(view) if a <= i.position <= b]
                 if covered[-1] - covered[0] + 1 == len(covered):
                     await session.record_summary(a, b, f"summary of {a}..{b}")
@@ -63,7 +67,8 @@ async def run(ledger: Ledger, ops: list[Any]) -> None:
     folded = fold(events)
     inline = await session.view_items()
     assert [(i.ref, i.ord, i.kind, dict(i.message), i.tokens, i.critical) for i in inline] == [
-        (i.ref, i.ord, i.kind, dict(i.message), i.tokens, i.critical) for i in folded.view]
+        (i.ref, i.ord, i.kind, dict(i.message), i.tokens, i.critical) for i in folded.view
+    ]
     assert await session.view_at(session.head) == [dict(i.message) for i in folded.view]
     assert await session.get_messages() == [dict(i.message) for i in folded.branch]
     assert await session.get_token_count() == folded.view_tokens
@@ -71,8 +76,11 @@ async def run(ledger: Ledger, ops: list[Any]) -> None:
     assert all(r.ok for r in await ledger.rebuild(session.session_id))
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(ops=st.lists(op, max_size=25))
 async def test_inline_view_equals_fold_equals_view_at_head(ledger: Ledger, ops: list[Any]) -> None:
     await run(ledger, ops)

@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from contextledger.ledger.dsn import asyncpg_dsn
+from contextledger.store.dsn import asyncpg_dsn
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,8 +21,17 @@ async def test_the_built_wheel_migrates_a_database_by_itself(
     tmp_path: Path, pg_dsn: str, postgresql: Any
 ) -> None:
     build = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-        "-w", str(tmp_path / "dist"), str(ROOT))
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        "-w",
+        str(tmp_path / "dist"),
+        str(ROOT),
+    )
     assert await build.wait() == 0
     [wheel] = list((tmp_path / "dist").glob("contextledger-*.whl"))
     target = tmp_path / "site"
@@ -41,7 +50,7 @@ async def test_the_built_wheel_migrates_a_database_by_itself(
     dsn = pg_dsn.replace(f"/{postgresql.info.dbname}?", "/cl_wheel?")
     script = textwrap.dedent(f"""
         import asyncio, contextledger
-        from contextledger.ledger.migrate import migrations_dir, upgrade
+        from contextledger.store.migrate import migrations_dir, upgrade
         assert contextledger.__file__.startswith({str(target)!r}), contextledger.__file__
         assert str(migrations_dir()).startswith({str(target)!r}), migrations_dir()
         asyncio.run(upgrade({dsn!r}))
@@ -49,8 +58,14 @@ async def test_the_built_wheel_migrates_a_database_by_itself(
     """)
     env = {**os.environ, "PYTHONPATH": str(target)}
     run = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", script, env=env, cwd=str(tmp_path),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        script,
+        env=env,
+        cwd=str(tmp_path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await run.communicate()
     try:
         assert run.returncode == 0, err.decode()
@@ -60,7 +75,7 @@ async def test_the_built_wheel_migrates_a_database_by_itself(
             revision = await conn.fetchval("SELECT version_num FROM contextledger.alembic_version")
         finally:
             await conn.close()
-        from contextledger.ledger.migrate import head_revision
+        from contextledger.store.migrate import head_revision
 
         assert revision == head_revision()
     finally:

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from hypothesis import strategies as st
 
-from contextledger.config import ContextConfig
-from contextledger.tokens import CharsCounter
-from contextledger.view import ORD_STRIDE, ItemKind, ViewItem
+from contextledger.core.config import ContextConfig
+from contextledger.core.tokens import CharsCounter
+from contextledger.core.view import ORD_STRIDE, ItemKind, ViewItem
 
 COUNTER = CharsCounter()
 Shape = Literal["openai", "anthropic"]

@@ -1,0 +1,291 @@
+"""Service benchmark: appends over HTTP vs the library vs raw asyncpg, and proxy overhead.
+
+    .venv/bin/python bench/service.py [--dsn DSN] [--appends N] [--proxy-calls N]
+
+Without ``--dsn`` it runs on a fresh embedded PostgreSQL in a temporary directory.
+The service runs as its own process (``contextledger serve``, as deployed); the
+load comes from aiohttp clients on loopback (``--client httpx`` for httpx: on this
+machine its client burned 3-4 ms of CPU per request, 7x aiohttp's, so it measured
+itself more than the service). In the same run, on the same server:
+
+1. Appends at 1, 16 and 64 concurrent clients (one session each): throughput and
+   p50/p99 latency for the service (``POST /v1/sessions/{id}/messages``), the
+   library called directly (``Session.add_message``), and a raw asyncpg
+   single-row INSERT of the same message JSON (the floor).
+2. Proxy overhead: p50 of ``POST /v1/chat/completions`` through the service minus
+   p50 of the same request sent straight to the upstream (tests/fakellm.py,
+   answering at once), for a conversation that grows by one turn per call.
+
+Report (markdown) to stdout, progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from contextledger import Ledger
+from contextledger.store.dsn import asyncpg_dsn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._pg import embedded_server, install_sigterm_handler  # noqa: E402
+from tests.fakellm import running_fake_llm  # noqa: E402
+
+CLIENTS = (1, 16, 64)
+MESSAGE = {
+    "role": "user",
+    "content": "Please summarise the quarterly report in three bullets. " * 6,
+}
+
+
+def progress(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run_clients(
+    clients: int, total: int, one: Callable[[int, int], Awaitable[None]]
+) -> tuple[float, list[float]]:
+    """``clients`` tasks share ``total`` appends; returns (appends/s, latencies in ms)."""
+    per = max(1, total // clients)
+    latencies: list[float] = []
+
+    async def client(c: int) -> None:
+        for i in range(per):
+            t = time.perf_counter()
+            await one(c, i)
+            latencies.append((time.perf_counter() - t) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client(c) for c in range(clients)))
+    return len(latencies) / (time.perf_counter() - started), latencies
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_service(dsn: str, port: int, upstream: str) -> subprocess.Popen[bytes]:
+    env = dict(
+        os.environ,
+        CONTEXTLEDGER_DSN=dsn,
+        CONTEXTLEDGER_PORT=str(port),
+        CONTEXTLEDGER_UPSTREAM_API_BASE=upstream,
+        CONTEXTLEDGER_UPSTREAM_API_KEY="bench",
+        CONTEXTLEDGER_POOL_SIZE="16",
+        CONTEXTLEDGER_LOG_FORMAT="json",
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+    )
+    exe = Path(sys.executable).with_name("contextledger")
+    return subprocess.Popen(
+        [str(exe), "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+async def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
+    async with httpx.AsyncClient() as c:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise RuntimeError("the service exited during startup")
+            try:
+                if (await c.get(f"{url}/readyz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the service did not become ready")
+
+
+class Http:
+    """A minimal POST/GET over aiohttp or httpx: status and JSON body."""
+
+    def __init__(self, kind: str, base: str) -> None:
+        self.kind, self.base = kind, base
+        self._client: Any = None
+
+    async def __aenter__(self) -> Http:
+        if self.kind == "httpx":
+            limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+            self._client = httpx.AsyncClient(limits=limits, timeout=60)
+        else:
+            import aiohttp
+
+            self._client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=128))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await (self._client.aclose() if self.kind == "httpx" else self._client.close())
+
+    async def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> Any:
+        url = path if path.startswith("http") else self.base + path
+        if self.kind == "httpx":
+            r = await self._client.post(url, json=body, headers=headers)
+            return r.status_code, r.json()
+        async with self._client.post(url, json=body, headers=headers) as r:
+            return r.status, await r.json(content_type=None)
+
+
+async def bench_appends(dsn: str, http: Http, total: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    raw = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=64)
+    await raw.execute(
+        "CREATE TABLE IF NOT EXISTS bench_raw (session_id text, seq bigint, data jsonb,"
+        " PRIMARY KEY (session_id, seq))"
+    )
+    data = json.dumps({"message": MESSAGE, "tokens": 60})
+    async with Ledger.open(dsn, pool_size=32) as ledger:
+        for n in CLIENTS:
+            tag = f"c{n}"
+            for c in range(n):
+                status, _ = await http.post("/v1/sessions", {"session_id": f"svc-{tag}-{c}"})
+                assert status == 201
+            sessions = [await ledger.session(f"lib-{tag}-{c}") for c in range(n)]
+            for s in sessions:  # warm the token counter and the connections
+                await s.add_message(MESSAGE)
+            for c in range(n):
+                await http.post(f"/v1/sessions/svc-{tag}-{c}/messages", {"message": MESSAGE})
+
+            async def via_http(c: int, i: int, tag: str = tag) -> None:
+                status, body = await http.post(
+                    f"/v1/sessions/svc-{tag}-{c}/messages", {"message": MESSAGE}
+                )
+                if status != 201:
+                    raise RuntimeError(body)
+
+            async def via_library(c: int, i: int, sessions: list[Any] = sessions) -> None:
+                await sessions[c].add_message(MESSAGE)
+
+            async def via_raw(c: int, i: int, tag: str = tag) -> None:
+                await raw.execute(
+                    "INSERT INTO bench_raw VALUES ($1, $2, $3::jsonb)", f"{tag}-{c}", i, data
+                )
+
+            results = {}
+            for name, fn in (("service", via_http), ("library", via_library), ("raw", via_raw)):
+                progress(f"{n} clients: {name}")
+                results[name] = await run_clients(n, total, fn)
+            rows.append({"clients": n, **results})
+    await raw.close()
+    return rows
+
+
+async def bench_proxy(http: Http, upstream: str, calls: int) -> dict[str, float]:
+    direct: list[float] = []
+    proxied: list[float] = []
+    history: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    for i in range(calls + 5):
+        history.append({"role": "user", "content": f"Question {i}: what next?"})
+        body = {"model": "fast", "messages": history}
+        t = time.perf_counter()
+        status, _ = await http.post(
+            f"{upstream}/chat/completions", body, {"Authorization": "Bearer bench"}
+        )
+        d = (time.perf_counter() - t) * 1000
+        assert status == 200
+        t = time.perf_counter()
+        status, reply = await http.post(
+            "/v1/chat/completions", body, {"X-Session-Id": "proxy-bench"}
+        )
+        p = (time.perf_counter() - t) * 1000
+        assert status == 200, reply
+        history.append(reply["choices"][0]["message"])
+        if i >= 5:  # the first calls import litellm and warm the caches
+            direct.append(d)
+            proxied.append(p)
+    return {
+        "direct_p50": statistics.median(direct),
+        "proxy_p50": statistics.median(proxied),
+        "overhead_p50": statistics.median(proxied) - statistics.median(direct),
+        "overhead_of_medians": statistics.median(
+            [p - d for p, d in zip(proxied, direct, strict=True)]
+        ),
+    }
+
+
+def report(rows: list[dict[str, Any]], proxy: dict[str, float], total: int) -> str:
+    out = [
+        f"### Appends ({total} per row; one session per client)",
+        "",
+        "| clients | service | library | raw asyncpg | service / library | service p50 / p99 |"
+        " library p50 / p99 |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        svc_rate, svc_lat = row["service"]
+        lib_rate, lib_lat = row["library"]
+        raw_rate, _ = row["raw"]
+        out.append(
+            f"| {row['clients']} | {svc_rate:,.0f}/s | {lib_rate:,.0f}/s | {raw_rate:,.0f}/s"
+            f" | **{svc_rate / lib_rate:.2f}x** | {pct(svc_lat, 0.5):.2f} / "
+            f"{pct(svc_lat, 0.99):.2f} ms | {pct(lib_lat, 0.5):.2f} / {pct(lib_lat, 0.99):.2f} ms |"
+        )
+    out += [
+        "",
+        "### Proxy overhead (model time excluded: same upstream answering at once)",
+        "",
+        f"direct to upstream p50 {proxy['direct_p50']:.2f} ms · through the proxy p50 "
+        f"{proxy['proxy_p50']:.2f} ms · **overhead p50 {proxy['overhead_p50']:.2f} ms** "
+        f"(median of per-call differences {proxy['overhead_of_medians']:.2f} ms)",
+    ]
+    return "\n".join(out)
+
+
+async def main_async(args: argparse.Namespace, dsn: str) -> None:
+    async with Ledger.open(dsn, migrate=True):
+        pass
+    with running_fake_llm() as fake:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = start_service(dsn, port, fake.base_url)
+        try:
+            await wait_ready(url, proc)
+            progress("service ready")
+            async with Http(args.client, url) as http:
+                rows = await bench_appends(dsn, http, args.appends)
+                progress("proxy overhead")
+                proxy = await bench_proxy(http, fake.base_url, args.proxy_calls)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    print(f"(load from {args.client} clients)\n")
+    print(report(rows, proxy, args.appends))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", help="a PostgreSQL server to use (default: a fresh embedded one)")
+    parser.add_argument("--appends", type=int, default=2048, help="appends per row")
+    parser.add_argument("--proxy-calls", type=int, default=200)
+    parser.add_argument("--client", choices=["aiohttp", "httpx"], default="aiohttp")
+    args = parser.parse_args()
+    install_sigterm_handler()
+    if args.dsn:
+        asyncio.run(main_async(args, args.dsn))
+    else:
+        with embedded_server() as dsn:
+            asyncio.run(main_async(args, dsn))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""Per-turn cost by session length: contextledger against a raw asyncpg floor.
+
+A turn = append a user message, append an assistant message, build the next
+request (``get_messages_for_request``). Each configuration runs ONE session for
+real, turn after turn, up to the longest length; the figure at a length L is the
+median (and p95) of the ``--window`` turns ending at L. The raw floor (2 INSERTs +
+SELECT last 50 on a plain table, asyncpg) runs the same turns in the same run on
+the same server.
+
+Printed per store (embedded PostgreSQL, ``memory://``) and configuration (no
+config; each strategy with a per-request ``token_budget``; the tuned path of the
+issue: ``max_tokens`` 6000 + ``auto_compact`` truncate):
+
+* ms per turn at each length and the ratio to the floor at that length;
+* growth = ms at the longest length / ms at the shortest;
+* fill = request tokens / budget, min and mean over the second half of the run,
+  counted on the turns where the history exceeds the budget;
+* memory held by the session object (a size walk of what it owns, not the ledger,
+  store or counter) at each length;
+* database bytes per event (events + view and branch rows of the session).
+
+Run: ``.venv/bin/python bench/turns.py`` (``--quick``: 100/1,000/2,000 turns).
+Deterministic messages; prints figures, asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import random
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from contextledger import Ledger, Session
+
+WORDS = (
+    "the", "build", "fails", "in", "config.py", "parse_args", "line", "42", "retry",
+    "userId", "ok", "check", "value", "fix", "deploy", "cache", "token", "review",
+)  # fmt: skip
+MODEL = "gpt-4o"
+STRATEGY_BUDGET = 24_000
+
+CONFIGS: dict[str, tuple[dict[str, Any] | None, int | None]] = {
+    # name: (session config, token_budget passed per request)
+    "none": (None, None),
+    "truncate": ({"compaction_strategy": "truncate"}, STRATEGY_BUDGET),
+    "priority": ({"compaction_strategy": "priority"}, STRATEGY_BUDGET),
+    "importance": ({"compaction_strategy": "importance"}, STRATEGY_BUDGET),
+    "summarize": (
+        {"compaction_strategy": "summarize", "summarizer": {"offline_fallback": True}},
+        STRATEGY_BUDGET,
+    ),
+    "max6000+auto": (
+        {"max_tokens": 6000, "auto_compact": True, "compaction_strategy": "truncate"},
+        None,
+    ),
+}
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def messages(n_turns: int, seed: int = 5) -> Iterable[tuple[dict[str, Any], dict[str, Any]]]:
+    rng = random.Random(seed)
+    for n in range(n_turns):
+        yield (
+            {"role": "user", "content": f"turn {n}: " + _text(rng, rng.randint(20, 70))},
+            {"role": "assistant", "content": _text(rng, rng.randint(60, 160))},
+        )
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def held_bytes(obj: Any, skip: Iterable[Any] = ()) -> int:
+    """Bytes reachable from ``obj`` (containers, dataclasses, slots), each object once."""
+    seen = {id(x) for x in skip}
+    total = 0
+    stack = [obj]
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen or isinstance(cur, type):
+            continue
+        seen.add(id(cur))
+        total += sys.getsizeof(cur)
+        if isinstance(cur, dict):
+            stack.extend(cur.keys())
+            stack.extend(cur.values())
+        elif isinstance(cur, list | tuple | set | frozenset):
+            stack.extend(cur)
+        elif hasattr(cur, "items") and hasattr(cur, "keys"):  # mappingproxy and friends
+            stack.extend(cur.keys())
+            stack.extend(cur.values())
+        else:
+            if hasattr(cur, "__dict__"):
+                stack.append(vars(cur))
+            for slot in getattr(type(cur), "__slots__", ()):
+                if hasattr(cur, slot):
+                    stack.append(getattr(cur, slot))
+    return total
+
+
+def session_bytes(session: Session) -> int:
+    shared = [
+        session._ledger,
+        session._store,
+        session.counter,
+        session.hooks,
+        session._config,
+        session.pre_compact,
+        session.on_fallback,
+    ]
+    return held_bytes(session, shared)
+
+
+@dataclass
+class Result:
+    ms: dict[int, tuple[float, float]] = field(default_factory=dict)  # L -> (median, p95)
+    mem: dict[int, int] = field(default_factory=dict)
+    fill: list[float] = field(default_factory=list)
+    bytes_per_event: float | None = None
+    stopped: str = ""
+
+
+async def run_session(
+    ledger: Ledger,
+    name: str,
+    lengths: list[int],
+    window: int,
+    max_seconds: float,
+) -> tuple[Result, Session]:
+    config, token_budget = CONFIGS[name]
+    session = await ledger.session(f"bench-{name}", model=MODEL, config=config)
+    budget = session.budget(token_budget).available
+    longest = max(lengths)
+    times: list[float] = []
+    result = Result()
+    history = 0
+    spent = 0.0
+    for n, (user, assistant) in enumerate(messages(longest), start=1):
+        start = time.perf_counter()
+        await session.add_message(user)
+        await session.add_message(assistant)
+        view = await session.get_messages_for_request(token_budget)
+        elapsed = time.perf_counter() - start
+        times.append(elapsed)
+        spent += elapsed
+        history += session.counter.count_message(user) + session.counter.count_message(assistant)
+        if n > longest // 2 and history > budget:
+            result.fill.append(sum(session.counter.count_message(m) for m in view) / budget)
+        if n in lengths:
+            last = times[-window:]
+            result.ms[n] = (statistics.median(last) * 1000, _pct(last, 0.95) * 1000)
+            gc.collect()
+            result.mem[n] = session_bytes(session)
+            print(f"  {name:<13} {n:>6} turns  {result.ms[n][0]:8.2f} ms", file=sys.stderr)
+        if spent > max_seconds and n < longest:
+            result.stopped = f"stopped after {n} turns ({spent:.0f} s)"
+            print(f"  {name}: {result.stopped}", file=sys.stderr)
+            break
+    return result, session
+
+
+async def raw_floor(dsn: str, lengths: list[int], window: int) -> dict[int, float]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_raw (id bigserial PRIMARY KEY, session_id text"
+            " NOT NULL, role text NOT NULL, content jsonb NOT NULL)"
+        )
+        await conn.execute(
+            "CREATE INDEX IF NOT EXISTS bench_raw_session ON bench_raw (session_id, id)"
+        )
+        insert = "INSERT INTO bench_raw (session_id, role, content) VALUES ($1, $2, $3::jsonb)"
+        select = (
+            "SELECT role, content::text FROM bench_raw WHERE session_id = $1"
+            " ORDER BY id DESC LIMIT 50"
+        )
+        import json
+
+        times: list[float] = []
+        out: dict[int, float] = {}
+        for n, (user, assistant) in enumerate(messages(max(lengths)), start=1):
+            start = time.perf_counter()
+            await conn.execute(insert, "raw", "user", json.dumps(user))
+            await conn.execute(insert, "raw", "assistant", json.dumps(assistant))
+            rows = await conn.fetch(select, "raw")
+            [json.loads(r[1]) for r in reversed(rows)]
+            times.append(time.perf_counter() - start)
+            if n in lengths:
+                out[n] = statistics.median(times[-window:]) * 1000
+        return out
+    finally:
+        await conn.close()
+
+
+async def db_bytes_per_event(dsn: str, session_id: str) -> float | None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow(
+            "SELECT (SELECT coalesce(sum(pg_column_size(e.*)), 0) FROM contextledger.events e"
+            "         WHERE e.session_id = $1)"
+            "     + (SELECT coalesce(sum(pg_column_size(v.*)), 0) FROM contextledger.view_items v"
+            "         WHERE v.session_id = $1)"
+            "     + (SELECT coalesce(sum(pg_column_size(b.*)), 0)"
+            "          FROM contextledger.branch_items b WHERE b.session_id = $1),"
+            " (SELECT count(*) FROM contextledger.events WHERE session_id = $1)",
+            session_id,
+        )
+        return float(row[0]) / row[1] if row and row[1] else None
+    finally:
+        await conn.close()
+
+
+def table(
+    store: str,
+    results: dict[str, Result],
+    floor: dict[int, float],
+    lengths: list[int],
+) -> str:
+    lines = [f"### {store}", ""]
+    head = "| ms per turn (median) | " + " | ".join(f"@{n:,}" for n in lengths)
+    head += " | growth | fill min / mean | memory @first → @last | DB bytes/event |"
+    lines.append(head)
+    lines.append("|---|" + "---:|" * (len(lengths) + 4))
+    floor_row = "| raw asyncpg floor (2 INSERTs + SELECT last 50) | "
+    floor_row += " | ".join(f"{floor[n]:.2f}" if n in floor else "—" for n in lengths)
+    first, last = lengths[0], lengths[-1]
+    growth = f"{floor[last] / floor[first]:.2f}" if first in floor and last in floor else "—"
+    lines.append(floor_row + f" | {growth} | | | |")
+    for name, r in results.items():
+        cells = []
+        for n in lengths:
+            if n not in r.ms:
+                cells.append("—")
+                continue
+            med = r.ms[n][0]
+            ratio = f" ({med / floor[n]:.1f}x)" if n in floor else ""
+            cells.append(f"{med:.2f}{ratio}")
+        g = f"{r.ms[last][0] / r.ms[first][0]:.2f}" if first in r.ms and last in r.ms else "—"
+        fill = f"{min(r.fill):.2f} / {statistics.mean(r.fill):.2f}" if r.fill else "—"
+        done = [n for n in lengths if n in r.mem]
+        mem = f"{r.mem[done[0]] / 1024:.0f} KiB → {r.mem[done[-1]] / 1024:.0f} KiB" if done else "—"
+        bpe = f"{r.bytes_per_event:.0f}" if r.bytes_per_event else "—"
+        extra = f" ({r.stopped})" if r.stopped else ""
+        lines.append(
+            f"| {name}{extra} | " + " | ".join(cells) + f" | {g} | {fill} | {mem} | {bpe} |"
+        )
+    return "\n".join(lines)
+
+
+async def bench_store(
+    store: str, dsn: str | None, args: argparse.Namespace, floor: dict[int, float]
+) -> str:
+    url = "memory://" if store == "memory" else dsn
+    results: dict[str, Result] = {}
+    async with Ledger.open(url, migrate=store != "memory") as ledger:
+        for name in args.configs:
+            result, _ = await run_session(ledger, name, args.lengths, args.window, args.max_seconds)
+            if store != "memory" and dsn is not None:
+                result.bytes_per_event = await db_bytes_per_event(dsn, f"bench-{name}")
+            results[name] = result
+    return table(store, results, floor, args.lengths)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    from bench._pg import embedded_server
+
+    with embedded_server() as dsn:
+        print("raw floor...", file=sys.stderr)
+        floor = await raw_floor(dsn, args.lengths, args.window)
+        out = []
+        for store in args.stores:
+            print(f"store {store}...", file=sys.stderr)
+            out.append(await bench_store(store, dsn, args, floor))
+    print(
+        f"\nbench/turns.py: model {MODEL}, strategies with token_budget {STRATEGY_BUDGET}, "
+        f"median of the {args.window} turns ending at each length; "
+        "(nx) = ratio to the raw floor at that length\n"
+    )
+    print("\n\n".join(out))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="100/1,000/2,000 turns")
+    parser.add_argument("--lengths", help="comma-separated turn counts")
+    parser.add_argument("--stores", default="pg,memory")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--window", type=int, default=50, help="turns per median")
+    parser.add_argument(
+        "--max-seconds", type=float, default=900.0, help="stop a configuration after this long"
+    )
+    args = parser.parse_args(argv)
+    lengths = args.lengths or ("100,1000,2000" if args.quick else "100,1000,5000,20000")
+    args.lengths = sorted(int(x) for x in lengths.split(","))
+    args.stores = [s.strip() for s in args.stores.split(",")]
+    args.configs = [c.strip() for c in args.configs.split(",")]
+    for c in args.configs:
+        if c not in CONFIGS:
+            parser.error(f"unknown config {c!r}; one of {', '.join(CONFIGS)}")
+    asyncio.run(main_async(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""Last touches on a request view, for the provider it is going to (pure, request-only).
+
+Nothing here reaches the ledger: the stored messages stay as given, and the same
+view is finished the same way every time (so the prompt prefix stays stable).
+
+* A summary sits where the turns it replaced sat. When that puts it next to a
+  message of its own role (user summary, then the user's next turn), a short
+  bridge message of the other role goes between them: strict providers (Gemini,
+  older Anthropic) reject two same-role turns in a row; the others lose nothing.
+* Signed thinking blocks are only valid for the provider (and model) that signed
+  them: they are stripped unless the target is Anthropic.
+* Reasoning models that require reasoning content on assistant messages
+  (DeepSeek R1 style) get a synthetic reasoning block on an assistant summary.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from contextledger.core.providers import model_family
+from contextledger.core.tokens import TokenCounter
+from contextledger.core.view import ViewItem
+
+BRIDGES: Mapping[str, str] = {
+    "assistant": "Understood. I will continue from that summary.",
+    "user": "Continue.",
+}
+
+
+def bridge_cost(counter: TokenCounter) -> int:
+    """Tokens of the bridges finish may put around one summary (one on each side)."""
+    return 2 * max(counter.count_message({"role": r, "content": t}) for r, t in BRIDGES.items())
+
+
+def bridge_reserve(items: Sequence[ViewItem], counter: TokenCounter) -> int:
+    """Tokens to hold back for bridges: at most two per summary in the view."""
+    summaries = sum(1 for i in items if i.kind == "summary")
+    return summaries * bridge_cost(counter) if summaries else 0
+
+
+def is_anthropic(model: str | None) -> bool:
+    return model_family(model) == "anthropic"
+
+
+def _other(role: str) -> str | None:
+    return {"user": "assistant", "assistant": "user"}.get(role)
+
+
+#: ``(ref, kind, target model) -> (the item's message, its finished form, flat?)``
+FinishCache = dict[tuple[Any, ...], tuple[Mapping[str, Any], dict[str, Any] | None, bool]]
+
+
+def _flat(message: Mapping[str, Any]) -> bool:
+    return all(isinstance(v, str | int | float | bool | None) for v in message.values())
+
+
+def _finish_one(
+    item: ViewItem, reasoning: bool, strip: bool, cache: FinishCache | None, model: str | None
+) -> dict[str, Any] | None:
+    """One item's finished message (None: nothing left once thinking is stripped). A cache
+    keeps the finished form of items seen before, so a request costs one copy per item."""
+    key = (item.ref, item.kind, model)
+    hit = cache.get(key) if cache is not None else None
+    if hit is None or hit[0] is not item.message:
+        message = dict(item.message)
+        if item.kind == "summary" and reasoning and message.get("role") == "assistant":
+            message = add_reasoning_block(message)
+        done: dict[str, Any] | None = message
+        if strip:
+            stripped = strip_signed_thinking([message])
+            done = stripped[0] if stripped else None
+        hit = (item.message, done, done is not None and _flat(done))
+        if cache is not None:
+            cache[key] = hit
+    _, done, flat = hit
+    if done is None:
+        return None
+    return dict(done) if flat else copy.deepcopy(done)
+
+
+def finish_request_view(
+    items: Sequence[ViewItem], *, target_model: str | None, cache: FinishCache | None = None
+) -> list[dict[str, Any]]:
+    reasoning = needs_reasoning_block(target_model or "")
+    strip = not is_anthropic(target_model)
+    if cache is not None and len(cache) > 4 * len(items) + 64:
+        cache.clear()  # bounded by what requests carry, not by history
+    out: list[dict[str, Any]] = []
+    for n, item in enumerate(items):
+        is_summary = item.kind == "summary"
+        role = str(item.message.get("role", ""))
+        bridge_role = _other(role) if is_summary else None
+        if bridge_role and out and out[-1].get("role") == role:
+            out.append({"role": bridge_role, "content": BRIDGES[bridge_role]})
+        message = _finish_one(item, reasoning, strip, cache, target_model)
+        if message is not None:
+            out.append(message)
+        nxt = items[n + 1] if n + 1 < len(items) else None
+        if bridge_role and nxt is not None and nxt.message.get("role") == role:
+            out.append({"role": bridge_role, "content": BRIDGES[bridge_role]})
+    return out
+
+
+DEFAULT_REASONING = "Let me analyze the context and continue from this summary."
+
+
+def needs_reasoning_block(model: str) -> bool:
+    """DeepSeek models (r1, reasoner, v3, coder… any name matching ``/deepseek/i``), as Vellum.
+
+    Their APIs expect assistant turns to carry ``reasoning_content``; a synthetic
+    summary turn has none, so one is added.
+    """
+    return model_family(model) == "deepseek"
+
+
+def add_reasoning_block(
+    message: Mapping[str, Any], thinking: str = DEFAULT_REASONING
+) -> dict[str, Any]:
+    """A deep copy of ``message`` with a synthetic ``reasoning_content`` (kept if present)."""
+    out = copy.deepcopy(dict(message))
+    if not out.get("reasoning_content"):
+        out["reasoning_content"] = thinking
+    return out
+
+
+_THINKING_TYPES = frozenset({"thinking", "redacted_thinking"})
+
+
+def strip_signed_thinking(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of ``messages`` without Anthropic ``thinking``/``redacted_thinking`` blocks.
+
+    Signed thinking is only valid verbatim, for the model that wrote it, in its
+    original position; once turns are summarized or the model changes, the
+    provider rejects it. Drops litellm's ``thinking_blocks`` too, and drops a
+    message left with no content at all. For the request view only: the inputs
+    (and the ledger) are never touched.
+    """
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        copied = copy.deepcopy(dict(message))
+        copied.pop("thinking_blocks", None)
+        content = copied.get("content")
+        if isinstance(content, list):
+            kept = [
+                b
+                for b in content
+                if not (isinstance(b, Mapping) and b.get("type") in _THINKING_TYPES)
+            ]
+            if not kept and len(kept) != len(content) and not copied.get("tool_calls"):
+                continue  # the message was only thinking
+            copied["content"] = kept
+        out.append(copied)
+    return out

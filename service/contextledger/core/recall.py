@@ -1,0 +1,259 @@
+"""Recall, the pure part: what to ask the ledger, which matches fit, where the block goes.
+
+Compaction leaves messages out of a request; the ledger still holds them. The
+shell (``contextledger.recall``) searches the left-out part of the branch for the
+latest user turn (and a pending tool call) and hands the ranked matches here.
+This module decides, deterministically:
+
+* the query text (``query_text``): the latest human turn plus the arguments of
+  tool calls made after it;
+* which matches fit the recall share (``pick``): whole tool units (a call with
+  its results), best rank first, a unit that does not fit is skipped whole, the
+  chosen ones in their original order, each line marked with its seq;
+* where the block goes (``place``): right before the latest human turn, after
+  the stable prefix, so the prefix changes no more often than compaction makes
+  it and the provider's prompt cache keeps working.
+
+Same inputs, same block: ranks tie-break by seq, and nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contextledger.core.tokens import TokenCounter
+from contextledger.core.units import is_human_turn, result_ids, tool_calls
+from contextledger.core.view import ORD_STRIDE, ViewItem
+
+RECALL_OPEN = (
+    "<recall>\nEarlier in this conversation (left out of the context above to save room; "
+    "[#seq] is where each line was said, in order):"
+)
+RECALL_CLOSE = "</recall>"
+#: Longest text taken from one message into a query or a recall line (characters).
+MAX_QUERY_CHARS = 4000
+#: A recalled line is clipped to this (the whole message is in the ledger at its seq):
+#: a grep output that matched must not take the room of five short statements.
+MAX_LINE_CHARS = 600
+
+
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """One left-out message the store found (``seq`` of its ``message.appended`` event)."""
+
+    seq: int
+    message: Mapping[str, Any]
+    #: tokens counted when the message was appended (0: unknown, count it here)
+    tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RecallBlock:
+    """The recall message for one request (``message`` is None when nothing fit)."""
+
+    message: Mapping[str, Any] | None
+    seqs: tuple[int, ...]
+    tokens: int
+    query: str
+
+    @property
+    def empty(self) -> bool:
+        return self.message is None
+
+
+def _block_text(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    out: list[str] = []
+    if isinstance(value, Sequence):
+        for block in value:
+            if isinstance(block, Mapping):
+                kind = block.get("type")
+                if kind == "text" and isinstance(block.get("text"), str):
+                    out.append(block["text"])
+                elif kind == "tool_use":
+                    out.append(json.dumps(block.get("input"), sort_keys=True, ensure_ascii=False))
+                elif kind == "tool_result":
+                    out.extend(_block_text(block.get("content")))
+    return out
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """The searchable text of a message: content, tool-call names and arguments, results."""
+    parts = _block_text(message.get("content"))
+    calls = message.get("tool_calls")
+    if isinstance(calls, Sequence) and not isinstance(calls, str):
+        for call in calls:
+            fn = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(fn, Mapping):
+                name, args = fn.get("name"), fn.get("arguments")
+                parts.append(f"{name if isinstance(name, str) else ''}({_args(args)})")
+    return "\n".join(p for p in parts if p)
+
+
+def _args(args: Any) -> str:
+    if isinstance(args, str):
+        return args
+    return json.dumps(args, sort_keys=True, ensure_ascii=False)
+
+
+def latest_turn(view: Sequence[ViewItem]) -> int | None:
+    """Index of the latest human user turn in ``view`` (None if there is none)."""
+    for index in range(len(view) - 1, -1, -1):
+        if view[index].kind != "summary" and is_human_turn(view[index].message):
+            return index
+    return None
+
+
+def query_text(view: Sequence[ViewItem]) -> str:
+    """What recall searches for: the latest human turn and any tool call made after it."""
+    start = latest_turn(view)
+    if start is None:
+        return ""
+    parts = [message_text(view[start].message)[:MAX_QUERY_CHARS]]
+    for item in view[start + 1 :]:
+        if tool_calls(item.message):
+            parts.append(message_text(item.message)[:MAX_QUERY_CHARS])
+    return "\n".join(p for p in parts if p)
+
+
+#: Reciprocal rank fusion's constant (Cormack et al. 2009): ranks, not scores, are fused.
+RRF_K = 60
+
+
+def fuse(rankings: Sequence[Sequence[int]], *, k: int = RRF_K) -> list[int]:
+    """Reciprocal rank fusion of seq rankings (best first); ties go to the newer seq."""
+    scores: dict[int, float] = {}
+    for ranking in rankings:
+        for pos, seq in enumerate(ranking):
+            scores[seq] = scores.get(seq, 0.0) + 1.0 / (k + pos + 1)
+    return sorted(scores, key=lambda seq: (-scores[seq], -seq))
+
+
+def recall_budget(budget_tokens: int, share: float) -> int:
+    """Tokens reserved for the recall block out of a request budget."""
+    return max(0, math.floor(budget_tokens * share))
+
+
+def units_of(messages: Sequence[Recalled]) -> list[tuple[Recalled, ...]]:
+    """Group seq-ordered left-out messages into tool units (call + its direct results).
+
+    Messages must be consecutive in the branch to join a unit; a gap in seq (a
+    message in the view, or on another branch) ends it.
+    """
+    units: list[list[Recalled]] = []
+    open_ids: set[str] = set()
+    for rec in messages:
+        answers = set(result_ids(rec.message))
+        if (
+            units
+            and open_ids
+            and answers
+            and answers <= open_ids
+            and rec.seq == units[-1][-1].seq + 1
+        ):
+            units[-1].append(rec)
+            open_ids -= answers
+            continue
+        units.append([rec])
+        open_ids = {c for c, _ in tool_calls(rec.message)}
+    return [tuple(u) for u in units]
+
+
+def _line(rec: Recalled) -> str:
+    role = str(rec.message.get("role", ""))
+    if result_ids(rec.message) and role in ("tool", "user"):
+        role = "tool result"
+    text = message_text(rec.message)
+    if len(text) > MAX_LINE_CHARS:
+        text = text[:MAX_LINE_CHARS] + " [...]"
+    return f"[#{rec.seq} {role}] {text}"
+
+
+def _render(lines: Sequence[str]) -> dict[str, Any]:
+    return {"role": "user", "content": "\n".join((RECALL_OPEN, *lines, RECALL_CLOSE))}
+
+
+def pick(
+    ranked: Sequence[int],
+    messages: Sequence[Recalled],
+    *,
+    budget_tokens: int,
+    counter: TokenCounter,
+    query: str = "",
+) -> RecallBlock:
+    """The recall block: the best-ranked units of ``messages`` that fit ``budget_tokens``.
+
+    ``ranked`` lists matched seqs best first; ``messages`` holds the matches and
+    their neighbours (seq order) so tool units can be taken whole. The block's
+    own tokens (frame included) never exceed ``budget_tokens``.
+    """
+    ordered = sorted({m.seq: m for m in messages}.values(), key=lambda m: m.seq)
+    unit_of: dict[int, tuple[Recalled, ...]] = {}
+    for unit in units_of(ordered):
+        for rec in unit:
+            unit_of[rec.seq] = unit
+    frame = counter.count_message(_render([]))
+    if budget_tokens <= frame:
+        return RecallBlock(None, (), 0, query)
+    chosen: dict[int, tuple[Recalled, ...]] = {}
+    used = frame
+    for seq in ranked:
+        found = unit_of.get(seq)
+        if found is None or found[0].seq in chosen:
+            continue
+        unit = found
+        lines = [_line(r) for r in unit]
+        if all(r.tokens for r in unit):  # counted at append: no tokenizer run per unit
+            cost = sum(
+                min(r.tokens, len(line) // 2 + 4) for r, line in zip(unit, lines, strict=True)
+            )
+        else:
+            cost = counter.count_message({"role": "user", "content": "\n".join(lines)})
+        if used + cost > budget_tokens:
+            continue
+        chosen[unit[0].seq] = unit
+        used += cost
+    if not chosen:
+        return RecallBlock(None, (), 0, query)
+    units = [chosen[k] for k in sorted(chosen)]
+    lines = [_line(rec) for unit in units for rec in unit]
+    message = _render(lines)
+    tokens = counter.count_message(message)
+    while tokens > budget_tokens and len(units) > 1:  # per-line estimates ran over: shed
+        units.pop(max(range(len(units)), key=lambda i: ranked_pos(ranked, units[i])))
+        lines = [_line(rec) for unit in units for rec in unit]
+        message = _render(lines)
+        tokens = counter.count_message(message)
+    if tokens > budget_tokens:
+        return RecallBlock(None, (), 0, query)
+    return RecallBlock(message, tuple(r.seq for u in units for r in u), tokens, query)
+
+
+def ranked_pos(ranked: Sequence[int], unit: Sequence[Recalled]) -> int:
+    """Best (lowest) rank position of any message of ``unit`` (len(ranked) if none)."""
+    seqs = {r.seq for r in unit}
+    return next((i for i, s in enumerate(ranked) if s in seqs), len(ranked))
+
+
+def place(view: Sequence[ViewItem], block: RecallBlock) -> tuple[ViewItem, ...]:
+    """``view`` with the recall block right before the latest human turn."""
+    if block.message is None:
+        return tuple(view)
+    at = latest_turn(view)
+    if at is None:
+        return tuple(view)
+    anchor = view[at]
+    item = ViewItem(
+        ref=(-anchor.seq, -1),
+        ord=anchor.ord - ORD_STRIDE // 4,
+        message=block.message,
+        tokens=block.tokens,
+        kind="ephemeral",
+        meta={"recall": list(block.seqs)},
+    )
+    return (*view[:at], item, *view[at:])

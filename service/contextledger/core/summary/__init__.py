@@ -1,0 +1,1 @@
+"""Rolling-summary logic that needs no model: prompt, validation, the offline summarizer."""

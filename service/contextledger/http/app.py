@@ -1,0 +1,98 @@
+"""``create_app(settings)``: the FastAPI application, its lifespan and middleware."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from contextledger.http import audit, ops, problems, proxy, rest
+from contextledger.http.metrics import Metrics
+from contextledger.http.settings import Settings
+from contextledger.http.tenancy import Tenants
+
+access_log = structlog.get_logger("contextledger.access")
+VERSION = "0.1.0"
+
+
+class AccessLog:
+    """Pure ASGI middleware: one structured line and the metrics per request.
+
+    Logs method, route template, status, duration and tenant: never bodies,
+    query strings or headers (keys travel in headers).
+    """
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            elapsed = time.perf_counter() - started
+            method = scope["method"]
+            self.metrics.requests.labels(method, route, str(status)).inc()
+            self.metrics.latency.labels(method, route).observe(elapsed)
+            state = scope.get("state") or {}
+            access_log.info(
+                "request",
+                method=method,
+                route=route,
+                status=status,
+                ms=round(elapsed * 1000, 2),
+                tenant=state.get("tenant"),
+            )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
+    tenants = Tenants(settings)
+    metrics = Metrics(tenants.pool_stats)
+    tenants.on_session.append(metrics.watch)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await tenants.start()
+        try:
+            yield
+        finally:
+            app.state.stopping.set()
+            await tenants.close()  # in-flight appends finish: each ledger waits for its own
+
+    app = FastAPI(
+        title="contextledger",
+        version=VERSION,
+        summary="An LLM agent's memory as an append-only event ledger: REST, proxy, audit.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.tenants = tenants
+    app.state.metrics = metrics
+    app.state.stopping = asyncio.Event()
+    problems.install(app)
+    app.include_router(rest.router)
+    app.include_router(proxy.router)
+    app.include_router(ops.router)
+    app.include_router(audit.router)
+    app.mount("/static", StaticFiles(directory=audit.STATIC), name="static")
+    app.add_middleware(AccessLog, metrics=metrics)
+    return app

@@ -1,0 +1,158 @@
+"""The audit page: sessions, a session's timeline, and what the model saw at any seq.
+
+Server-rendered HTML (no build step) plus ``static/audit.js``, which only swaps the
+request view when the seq picker moves (``GET /v1/sessions/{id}/context?at=``).
+Rolled-back stretches are drawn as a side branch; the badge is ``verify()``'s answer.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from contextledger import Event
+from contextledger.http.auth import tenant_for
+from contextledger.http.rest import open_session, tenants_of
+
+router = APIRouter(include_in_schema=False)
+STATIC = Path(__file__).with_name("static")
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _page(title: str, body: str) -> HTMLResponse:
+    return HTMLResponse(
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>{_e(title)} · contextledger</title>"
+        '<link rel=stylesheet href="/static/audit.css">'
+        '<script defer src="/static/audit.js"></script></head>'
+        f'<body><header><a href="/">contextledger</a> audit</header><main>{body}</main>'
+        "</body></html>"
+    )
+
+
+def _text(message: Mapping[str, Any], width: int = 160) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = " ".join(str(b.get("text", f"[{b.get('type')}]")) for b in content)
+    text = "" if content is None else str(content)
+    calls = message.get("tool_calls") or []
+    if calls:
+        names = ", ".join(str((c.get("function") or {}).get("name")) for c in calls)
+        text = f"{text} → calls {names}".strip()
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _describe(event: Event) -> str:
+    data = dict(event.data) if event.data is not None else event.payload.to_data()
+    kind = event.type
+    if kind == "message.appended":
+        message = data.get("message") or {}
+        origin = " (synthetic)" if data.get("origin") == "synthetic" else ""
+        return f"<b>{_e(message.get('role'))}</b>{origin}: {_e(_text(message))}"
+    if kind == "summary.recorded":
+        summary = data.get("summary")
+        text = summary if isinstance(summary, str) else json.dumps(summary)[:160]
+        return f"summary of seq {_e(data.get('from_seq'))}-{_e(data.get('to_seq'))}: {_e(text)}"
+    if kind == "compaction.applied":
+        return (
+            f"compaction ({_e(data.get('strategy'))}): {_e(data.get('tokens_before'))} → "
+            f"{_e(data.get('tokens_after'))} tokens"
+        )
+    if kind == "checkpoint.created":
+        return f"checkpoint {_e(data.get('label') or '')}"
+    if kind == "session.rolled_back":
+        return f"rollback to seq {_e(data.get('to_seq'))} {_e(data.get('label') or '')}"
+    return _e(kind)
+
+
+def abandoned(events: Iterable[Event]) -> dict[int, int]:
+    """seq → the rollback that left it on a side branch (seq after target, before rollback)."""
+    side: dict[int, int] = {}
+    for event in events:
+        if event.type == "session.rolled_back":
+            data = dict(event.data) if event.data is not None else event.payload.to_data()
+            target = int(data.get("to_seq") or 0)
+            for seq in range(target + 1, event.seq):
+                side.setdefault(seq, event.seq)
+    return side
+
+
+def _messages(messages: list[dict[str, Any]]) -> str:
+    rows = "".join(
+        f'<li class="msg role-{_e(m.get("role"))}"><b>{_e(m.get("role"))}</b> '
+        f"{_e(_text(m, 400))}</li>"
+        for m in messages
+    )
+    return rows or "<li class=empty>(nothing)</li>"
+
+
+@router.get("/", response_class=HTMLResponse)
+async def sessions_page(request: Request) -> HTMLResponse:
+    tenant = await tenant_for(request)
+    ledger = await tenants_of(request).ledger(tenant)
+    rows = "".join(
+        f'<tr><td><a href="/audit/sessions/{quote(i.session_id, safe="")}">'
+        f"{_e(i.session_id)}</a></td><td>{_e(i.created_at.strftime('%Y-%m-%d %H:%M:%S'))}</td>"
+        f"<td>{_e(i.model or '')}</td><td class=num>{i.head}</td>"
+        f"<td class=num>{i.view_tokens}</td></tr>"
+        for i in await ledger.sessions()
+    )
+    body = (
+        f"<h1>Sessions <small>tenant {_e(tenant)}</small></h1>"
+        "<table id=sessions><thead><tr><th>session</th><th>created</th><th>model</th>"
+        "<th>events</th><th>view tokens</th></tr></thead>"
+        f"<tbody>{rows or '<tr><td colspan=5>no sessions yet</td></tr>'}</tbody></table>"
+    )
+    return _page("sessions", body)
+
+
+@router.get("/audit/sessions/{session_id}", response_class=HTMLResponse)
+async def session_page(session_id: str, request: Request) -> HTMLResponse:
+    tenant = await tenant_for(request)
+    session = await open_session(request, tenant, session_id)
+    await session.refresh()
+    events = [e async for e in session.events()]
+    side = abandoned(events)
+    report = await session.verify()
+    badge = (
+        f'<span id=verify class="badge ok">chain verified · {report.events} events</span>'
+        if report.ok
+        else f'<span id=verify class="badge bad">chain broken at seq {report.first_bad_seq}'
+        f": {_e(report.reason or '')}</span>"
+    )
+    timeline = "".join(
+        f'<li class="ev {_e(e.type.replace(".", "-"))}{" side" if e.seq in side else ""}"'
+        f' data-seq="{e.seq}"><span class=seq>{e.seq}</span>'
+        f"<span class=type>{_e(e.type)}</span><span class=what>{_describe(e)}</span>"
+        + (f"<span class=branch>rolled back at {side[e.seq]}</span>" if e.seq in side else "")
+        + "</li>"
+        for e in events
+    )
+    head = session.head
+    options = "".join(
+        f'<option value="{e.seq}"{" selected" if e.seq == head else ""}>'
+        f"{e.seq} · {_e(e.type)}</option>"
+        for e in events
+    )
+    seen = await session.request_at(head)
+    body = (
+        f"<h1 data-session='{_e(session_id)}'>Session {_e(session_id)} {badge}</h1>"
+        f"<p>model {_e(session.model or '—')} · head {head} · "
+        f"{len(side)} event(s) on rolled-back branches</p>"
+        "<div class=cols><section><h2>Timeline</h2>"
+        f"<ol id=timeline>{timeline}</ol></section>"
+        "<section><h2>What the model saw</h2>"
+        f"<label>after seq <select id=seq>{options}</select></label>"
+        f"<ol id=request>{_messages(seen)}</ol></section></div>"
+    )
+    return _page(f"session {session_id}", body)

@@ -1,0 +1,261 @@
+"""``POST /v1/chat/completions``: an OpenAI-compatible proxy that gives any client
+managed, budgeted, auditable memory.
+
+Clients resend the whole history each call. The proxy finds the common prefix
+with the session's branch and appends only what is new (each new message under
+an idempotency key derived from its position and content, so a retried request
+appends nothing twice), replaces the messages with the session's budgeted
+request view, forwards through litellm to the configured upstream, streams the
+reply back as it arrives and records it in the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import structlog
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from contextledger import Session
+from contextledger.errors import SessionNotFound
+from contextledger.http.auth import tenant_for
+from contextledger.http.problems import Problem
+from contextledger.http.rest import Provider
+from contextledger.http.settings import Settings
+from contextledger.http.tenancy import Tenants
+
+log = structlog.get_logger(__name__)
+router = APIRouter(tags=["proxy"])
+#: Request fields the proxy handles itself; everything else goes to the upstream as is.
+OWN_FIELDS = frozenset({"messages", "model", "user", "stream", "stream_options"})
+
+
+def essence(message: Mapping[str, Any]) -> dict[str, Any]:
+    """What a message says, without the empty fields SDKs add (``refusal: None``, ...).
+
+    Both sides of the prefix comparison, and what is recorded, go through this.
+    """
+    out: dict[str, Any] = {"role": message.get("role")}
+    content = message.get("content")
+    calls = message.get("tool_calls")
+    if calls and isinstance(calls, list):
+        out["content"] = content or None
+        out["tool_calls"] = [
+            {
+                "id": c.get("id"),
+                "type": c.get("type") or "function",
+                "function": {
+                    "name": (c.get("function") or {}).get("name"),
+                    "arguments": (c.get("function") or {}).get("arguments") or "",
+                },
+            }
+            for c in calls
+            if isinstance(c, Mapping)
+        ]
+    else:
+        out["content"] = content if content is not None else ""
+    for key in ("name", "tool_call_id"):
+        if message.get(key):
+            out[key] = message[key]
+    return out
+
+
+def common_prefix(stored: Sequence[Mapping[str, Any]], sent: Sequence[Mapping[str, Any]]) -> int:
+    n = 0
+    for a, b in zip(stored, sent, strict=False):
+        if essence(a) != essence(b):
+            break
+        n += 1
+    return n
+
+
+def position_key(kind: str, position: int, message: Mapping[str, Any]) -> str:
+    text = json.dumps(essence(message), sort_keys=True, separators=(",", ":"), default=str)
+    return f"proxy:{kind}:{position}:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+async def _session(tenants: Tenants, tenant: str, session_id: str, model: str) -> Session:
+    try:
+        return await tenants.session(tenant, session_id)
+    except SessionNotFound:
+        return await tenants.session(tenant, session_id, create=True, model=model)
+
+
+def _upstream(settings: Settings, model: str, client_key: str | None) -> dict[str, Any]:
+    target = settings.model_map.get(model)
+    if target is None:
+        plain = settings.upstream_api_base and "/" not in model
+        target = f"{settings.upstream_provider}/{model}" if plain else model
+    key = client_key if settings.pass_client_key and client_key else settings.upstream_api_key
+    common: dict[str, Any] = {}
+    if settings.upstream_api_base:
+        common["api_base"] = settings.upstream_api_base
+    common["api_key"] = key or "none"
+    kwargs: dict[str, Any] = {
+        "model": target,
+        "timeout": settings.upstream_timeout,
+        "num_retries": settings.upstream_retries,
+        **common,
+    }
+    if settings.fallbacks:
+        kwargs["fallbacks"] = [{"model": f, **common} for f in settings.fallbacks]
+    return kwargs
+
+
+def _client_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() if auth[:7].lower() == "bearer " else None
+
+
+async def _litellm() -> Any:
+    from contextledger.core._litellm import import_litellm
+
+    return await asyncio.to_thread(import_litellm)
+
+
+def _upstream_problem(exc: Exception) -> Problem:
+    status = getattr(exc, "status_code", None)
+    status = status if isinstance(status, int) and 400 <= status < 600 else 502
+    message = str(getattr(exc, "message", None) or exc)
+    return Problem(
+        status,
+        "UPSTREAM_ERROR",
+        message,
+        error={"message": message, "type": "upstream_error", "code": str(status)},
+    )
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(request: Request) -> Response:
+    """OpenAI chat completions, with the session's memory in between.
+
+    The session is named by the ``X-Session-Id`` header or the body's ``user``.
+    """
+    settings: Settings = request.app.state.settings
+    tenants: Tenants = request.app.state.tenants
+    metrics = request.app.state.metrics
+    tenant = await tenant_for(request, bearer_is_ours=not settings.pass_client_key)
+    try:
+        body = await request.json()
+    except ValueError:
+        raise Problem(400, "INVALID_REQUEST", "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise Problem(422, "INVALID_REQUEST", "the body must be a JSON object")
+    model, sent = body.get("model"), body.get("messages")
+    if not isinstance(model, str) or not model or len(model) > 200:
+        raise Problem(422, "INVALID_REQUEST", "'model' must be a non-empty string")
+    if not isinstance(sent, list) or not sent or not all(isinstance(m, dict) for m in sent):
+        raise Problem(422, "INVALID_REQUEST", "'messages' must be a non-empty list of objects")
+    session_id = request.headers.get("x-session-id") or body.get("user")
+    if not isinstance(session_id, str) or not session_id:
+        raise Problem(
+            422, "MISSING_SESSION", "name the session with X-Session-Id (or the 'user' field)"
+        )
+    started = time.perf_counter()
+    session = await _session(tenants, tenant, session_id, model)
+    branch = await session.get_messages()
+    k = common_prefix(branch, sent)
+    retry = k == len(sent) and k < len(branch)
+    if retry:  # a resend of an earlier request: its reply is recorded already
+        outgoing = [essence(m) for m in sent]
+    else:
+        if k < len(branch):  # the client rewrote its history: record what it now holds
+            await session.set_messages([essence(m) for m in sent])
+        else:
+            for i, m in enumerate(sent[k:], start=k):
+                await session.add_message(essence(m), idempotency_key=position_key("in", i, m))
+            metrics.appends.inc(len(sent) - k)
+        outgoing = await session.get_messages_for_request(
+            token_budget=settings.proxy_token_budget, provider=Provider(model)
+        )
+    position = max(len(sent), len(branch)) if not retry else -1
+    litellm = await _litellm()
+    kwargs = _upstream(settings, model, _client_key(request))
+    extra = {k: v for k, v in body.items() if k not in OWN_FIELDS}
+    if extra.get("tools"):
+        # litellm 1.106.2 routes any request with tools through its MCP bridge, which
+        # imports the optional `mcp` package; plain function tools need none of it.
+        extra["_skip_mcp_handler"] = True
+    log.debug(
+        "proxy_forward",
+        session_id=session_id,
+        appended=0 if retry else len(sent) - k,
+        sent=len(outgoing),
+        overhead_ms=round((time.perf_counter() - started) * 1000, 2),
+    )
+    if body.get("stream"):
+        return await _stream(litellm, kwargs, extra, outgoing, session, position, metrics)
+    try:
+        response = await litellm.acompletion(messages=outgoing, **kwargs, **extra)
+    except Exception as exc:
+        raise _upstream_problem(exc) from exc
+    data = response.model_dump(exclude_none=True)
+    choices = data.get("choices") or []
+    if choices and position >= 0:
+        reply = essence(choices[0].get("message") or {})
+        await _record(session, reply, position, metrics)
+    _count_usage(metrics, data.get("usage"))
+    return JSONResponse(data)
+
+
+async def _record(session: Session, reply: dict[str, Any], position: int, metrics: Any) -> None:
+    if reply.get("content") is None and not reply.get("tool_calls"):
+        return
+    await session.add_message(reply, idempotency_key=position_key("out", position, reply))
+    metrics.appends.inc()
+
+
+def _count_usage(metrics: Any, usage: Any) -> None:
+    if isinstance(usage, Mapping):
+        for kind in ("prompt_tokens", "completion_tokens"):
+            value = usage.get(kind)
+            if isinstance(value, int) and value > 0:
+                metrics.proxy_tokens.labels(kind.removesuffix("_tokens")).inc(value)
+
+
+async def _stream(
+    litellm: Any,
+    kwargs: dict[str, Any],
+    extra: dict[str, Any],
+    outgoing: list[dict[str, Any]],
+    session: Session,
+    position: int,
+    metrics: Any,
+) -> Response:
+    try:
+        upstream = await litellm.acompletion(
+            messages=outgoing,
+            stream=True,
+            stream_options={"include_usage": True},
+            **kwargs,
+            **extra,
+        )
+    except Exception as exc:
+        raise _upstream_problem(exc) from exc
+
+    async def relay() -> AsyncIterator[str]:
+        chunks: list[Any] = []
+        try:
+            async for chunk in upstream:
+                chunks.append(chunk)
+                yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+        except Exception as exc:  # the upstream failed mid-stream: tell the client, OpenAI-style
+            problem = _upstream_problem(exc)
+            yield f"data: {json.dumps({'error': problem.extra['error']})}\n\n"
+            return
+        yield "data: [DONE]\n\n"
+        built = litellm.stream_chunk_builder(chunks, messages=outgoing) if chunks else None
+        if built is not None:
+            data = built.model_dump(exclude_none=True)
+            choices = data.get("choices") or []
+            if choices and position >= 0:
+                await _record(session, essence(choices[0].get("message") or {}), position, metrics)
+            _count_usage(metrics, data.get("usage"))
+
+    return StreamingResponse(relay(), media_type="text/event-stream")

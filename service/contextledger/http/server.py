@@ -1,0 +1,73 @@
+"""Run the service under uvicorn: local-mode guard, structured logs, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import uvicorn
+
+from contextledger.errors import ConfigError
+from contextledger.http.app import create_app
+from contextledger.http.settings import Settings
+from contextledger.store.dsn import asyncpg_dsn
+
+GRACE_S = 10
+
+
+async def has_keys(dsn: str) -> bool:
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        return bool(
+            await conn.fetchval(
+                "SELECT to_regclass('contextledger.api_keys') IS NOT NULL"
+                " AND EXISTS (SELECT 1 FROM contextledger.api_keys)"
+            )
+        )
+    except asyncpg.PostgresError:
+        return False
+    finally:
+        await conn.close()
+
+
+class _Server(uvicorn.Server):
+    """On SIGTERM/SIGINT, also tell long-lived streams (SSE) to end, so the in-flight
+    requests uvicorn waits for are the short ones (appends)."""
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        app = self.config.app
+        stopping = getattr(getattr(app, "state", None), "stopping", None)
+        if stopping is not None:
+            stopping.set()
+        super().handle_exit(sig, frame)
+
+
+async def serve(settings: Settings) -> None:
+    dsn = settings.dsn
+    if dsn is None:
+        from contextledger.store import embedded
+
+        home = Path(settings.home) if settings.home else None
+        dsn = await asyncio.to_thread(embedded.start, home)
+    if dsn != "memory://" and not settings.local_only and not await has_keys(dsn):
+        raise ConfigError(
+            f"no API key exists yet, so the service runs in local mode and binds 127.0.0.1 "
+            f"only (asked for {settings.host}). Create one first: contextledger keys create "
+            "TENANT",
+            key="host",
+        )
+    from dataclasses import replace
+
+    app = create_app(replace(settings, dsn=dsn))
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=GRACE_S,
+        lifespan="on",
+    )
+    await _Server(config).serve()

@@ -1,0 +1,89 @@
+"""Deployment settings of the service, from flags and ``CONTEXTLEDGER_*`` variables.
+
+Per-session policy stays in ``ContextConfig``; these are the process's own knobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from contextledger.errors import ConfigError
+
+ENV_PREFIX = "CONTEXTLEDGER_"
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``create_app`` needs. ``from_env`` reads ``CONTEXTLEDGER_<NAME>``."""
+
+    dsn: str | None = None  # None → the embedded PostgreSQL under ``home``
+    home: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8765
+    #: The database role tenant connections switch to ("" keeps the DSN's own user).
+    service_role: str = "contextledger_service"
+    pool_size: int = 4  # per tenant
+    migrate: bool = True
+    #: Where the proxy forwards (an OpenAI-compatible base URL) and with which key.
+    upstream_api_base: str | None = None
+    upstream_api_key: str | None = None
+    #: Client model name → litellm model (default: ``<upstream_provider>/<name>``).
+    model_map: Mapping[str, str] = field(default_factory=dict)
+    #: litellm provider for an OpenAI-compatible ``upstream_api_base``. ``hosted_vllm``
+    #: speaks plain OpenAI HTTP through litellm's own client; ``openai`` goes through the
+    #: OpenAI SDK, whose request transform cost ~30 ms per call here (bench/service.py).
+    upstream_provider: str = "hosted_vllm"
+    #: litellm models tried in order when the upstream fails.
+    fallbacks: tuple[str, ...] = ()
+    #: Forward the client's ``Authorization`` bearer to the upstream instead of ours.
+    pass_client_key: bool = False
+    upstream_timeout: float = 600.0
+    upstream_retries: int = 0
+    #: Budget of the request view the proxy sends (None: from the model's limits).
+    proxy_token_budget: int | None = None
+    log_format: str | None = None
+    #: Seconds a verified API key (or the local-mode check) is trusted before re-reading.
+    key_cache_seconds: float = 5.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Environment first, then explicit ``overrides`` (flags) that are not None."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse(f.name, str(f.type), raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **values)
+
+    @property
+    def local_only(self) -> bool:
+        return self.host in LOOPBACK
+
+
+def _parse(name: str, kind: str, raw: str) -> Any:
+    if not raw and "None" in kind:
+        return None
+    try:
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+        if kind == "bool":
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        if kind.startswith("Mapping"):
+            loaded = json.loads(raw)
+            if not isinstance(loaded, dict):
+                raise ValueError("expected a JSON object")
+            return {str(k): str(v) for k, v in loaded.items()}
+        if kind.startswith("tuple"):
+            return tuple(p.strip() for p in raw.split(",") if p.strip())
+        return raw
+    except ValueError as exc:
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}: {exc}", key=name) from None

@@ -1,0 +1,157 @@
+"""One ``Ledger`` per tenant, each on connections scoped to that tenant.
+
+Every tenant ledger's connections carry ``contextledger.tenant`` and act as the
+service role (no BYPASSRLS), so PostgreSQL's row-level security, not only this
+code, keeps tenants apart. Sessions are cached per tenant so an append is one
+round trip, as in the library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import structlog
+
+from contextledger import Ledger, Session
+from contextledger.http.keys import KeyRing
+from contextledger.http.settings import Settings
+from contextledger.store.dsn import asyncpg_dsn
+
+log = structlog.get_logger(__name__)
+LOCAL_TENANT = "local"
+SESSION_CACHE = 4096
+
+
+class Tenants:
+    """Opens tenant ledgers on demand and closes them all at shutdown."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.dsn: str | None = None
+        self.keys: KeyRing | None = None
+        self._pool: asyncpg.Pool | None = None
+        self._ledgers: dict[str, Ledger] = {}
+        self._sessions: dict[str, OrderedDict[str, Session]] = {}
+        self._opening = asyncio.Lock()
+        self._head: str | None = None
+        self.on_session: list[Any] = []  # callbacks(session) when a session is first opened
+
+    @property
+    def memory(self) -> bool:
+        return self.dsn == "memory://"
+
+    async def start(self) -> None:
+        """Resolve the DSN (starting the embedded server), migrate, open the key ring."""
+        s = self.settings
+        dsn = s.dsn
+        if dsn is None:
+            from contextledger.store import embedded
+
+            dsn = await asyncio.to_thread(embedded.start, Path(s.home) if s.home else None)
+        self.dsn = dsn
+        if self.memory:
+            return
+        if s.migrate:
+            from contextledger.store import migrate
+
+            await migrate.upgrade(dsn)
+        settings = {"application_name": "contextledger-service"}
+        if s.service_role:
+            settings["role"] = s.service_role
+        self._pool = await asyncpg.create_pool(
+            asyncpg_dsn(dsn), min_size=1, max_size=2, server_settings=settings
+        )
+        self.keys = KeyRing(self._pool, cache_seconds=s.key_cache_seconds)
+        from contextledger.store.migrate import head_revision
+
+        self._head = head_revision()  # parsing the migration scripts takes ~15 ms
+
+    async def keys_required(self) -> bool:
+        return self.keys is not None and await self.keys.keys_required()
+
+    async def ready(self) -> tuple[bool, str]:
+        """Database reachable and at the code's schema revision."""
+        if self.memory:
+            return True, "memory"
+        assert self._pool is not None
+        try:
+            current = await self._pool.fetchval(
+                "SELECT version_num FROM contextledger.alembic_version"
+            )
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            return False, f"database unreachable: {type(exc).__name__}"
+        head = self._head
+        if current != head:
+            return False, f"schema at {current}, code needs {head}"
+        return True, str(current)
+
+    async def ledger(self, tenant: str) -> Ledger:
+        found = self._ledgers.get(tenant)
+        if found is not None:
+            return found
+        async with self._opening:
+            found = self._ledgers.get(tenant)
+            if found is None:
+                found = await Ledger.open(
+                    self.dsn,
+                    migrate=False,
+                    pool_size=self.settings.pool_size,
+                    tenant=None if self.memory else tenant,
+                    role=(self.settings.service_role or None) if not self.memory else None,
+                )
+                self._ledgers[tenant] = found
+                self._sessions[tenant] = OrderedDict()
+                log.info("tenant_opened", tenant=tenant)
+        return found
+
+    async def session(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        create: bool = False,
+        model: str | None = None,
+        config: Any = None,
+        metadata: Any = None,
+    ) -> Session:
+        """An existing session (``SessionNotFound`` otherwise), or a new one if ``create``."""
+        ledger = await self.ledger(tenant)
+        cache = self._sessions[tenant]
+        session = cache.get(session_id)
+        if session is not None:
+            cache.move_to_end(session_id)
+            return session
+        session = await ledger.session(
+            session_id, create=create, model=model, config=config, metadata=metadata
+        )
+        cache[session_id] = session
+        if len(cache) > SESSION_CACHE:
+            cache.popitem(last=False)
+        for callback in self.on_session:
+            callback(session)
+        return session
+
+    def forget(self, tenant: str, session_id: str) -> None:
+        self._sessions.get(tenant, OrderedDict()).pop(session_id, None)
+
+    def pool_stats(self) -> dict[str, tuple[int, int]]:
+        """Per tenant: (connections open, connections idle) of its ledger's pool."""
+        stats: dict[str, tuple[int, int]] = {}
+        for tenant, ledger in self._ledgers.items():
+            pool = getattr(ledger.store, "_pool", None)
+            if pool is not None:
+                stats[tenant] = (pool.get_size(), pool.get_idle_size())
+        return stats
+
+    async def close(self) -> None:
+        """Close every ledger: each waits for its in-flight appends to come home."""
+        ledgers, self._ledgers = list(self._ledgers.values()), {}
+        for ledger in ledgers:
+            await ledger.close()
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None

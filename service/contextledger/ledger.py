@@ -1,0 +1,349 @@
+"""``Ledger``: a handle on one store, and where sessions are opened.
+
+``Ledger.open`` chooses the store (embedded PostgreSQL, a server, ``memory://``),
+migrates when asked, and keeps per-process things no event records: the token
+counter cache and the API keys of summarizer models (configs are recorded redacted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+from collections.abc import Generator, Mapping
+from typing import Any
+
+import structlog
+
+from contextledger._checks import check_mapping, check_session_id, check_text
+from contextledger.core.chain import Anchor, VerifyReport
+from contextledger.core.config import REDACTED, ContextConfig
+from contextledger.core.events import SessionCreated
+from contextledger.core.tokens import TokenCounter, get_counter
+from contextledger.errors import (
+    ChainBroken,
+    InvalidArgument,
+    LedgerClosed,
+    SessionExists,
+    SessionNotFound,
+)
+from contextledger.hooks import PreCompactHandler
+from contextledger.retry import RetryPolicy
+from contextledger.session import Session, utc_now
+from contextledger.store.base import RebuildReport, SessionInfo, Store
+from contextledger.store.dsn import redact, resolve_target
+from contextledger.store.memory import MemoryStore
+
+log = structlog.get_logger(__name__)
+
+
+def warm(counter: TokenCounter, model: str | None, config: ContextConfig) -> None:
+    """Load what the first count and the first budget need (a tokenizer, litellm's
+    model map: seconds on first use). Blocking: run it through ``asyncio.to_thread``."""
+    counter.count_text("warm")
+    if model:
+        from contextledger.core.model_limits import model_limits
+
+        model_limits(model, config.model_overrides or None)
+
+
+class Ledger:
+    """A handle on one store. ``async with Ledger.open(dsn) as ledger: ...``"""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        config: ContextConfig | Mapping[str, Any] | None = None,
+        dsn: str | None = None,
+        retry_appends: RetryPolicy | None = None,
+    ) -> None:
+        self.store = store
+        self.dsn = dsn
+        #: Appends with an idempotency key are retried on LedgerUnavailable (opt-in).
+        self.retry_appends = retry_appends
+        self.config = (
+            config if isinstance(config, ContextConfig) else (ContextConfig.from_mapping(config))
+        )
+        #: Where session hook events are forwarded too (an Amplifier coordinator's hooks).
+        self.hook_target: Any | None = None
+        #: Default pre-compact handler for sessions opened from here.
+        self.pre_compact: PreCompactHandler | None = None
+        self._secrets: dict[tuple[str, str | None], str] = {}
+        self._counters: dict[tuple[str, str | None], TokenCounter] = {}
+        self._warm: set[tuple[str, str | None]] = set()
+        self._warm_models: set[str] = set()
+        self._remember_secrets(self.config)
+        self._closed = False
+        self._background: set[asyncio.Task[None]] = set()
+        #: seconds ``close()`` waits for background summaries before cancelling them
+        self.close_timeout = 30.0
+
+    def __repr__(self) -> str:
+        where = redact(self.dsn) if self.dsn else self.store.kind
+        return f"<Ledger {where}>"
+
+    @classmethod
+    def open(
+        cls,
+        dsn: str | None = None,
+        *,
+        home: str | None = None,
+        migrate: bool | None = None,
+        config: ContextConfig | Mapping[str, Any] | str | None = None,
+        pool_size: int = 10,
+        tenant: str | None = None,
+        role: str | None = None,
+        retry_appends: RetryPolicy | None = None,
+    ) -> _Opener:
+        """Open a ledger on ``dsn`` (``postgresql://…`` or ``memory://``); without one,
+        on ``$CONTEXTLEDGER_DSN``; without that, on the embedded PostgreSQL under
+        ``home`` (default ``$CONTEXTLEDGER_HOME``, else the user data dir). The choice
+        is logged once (``ledger_target``, credentials redacted).
+
+        The embedded server is migrated on first use; another server must already be
+        migrated unless ``migrate=True`` (otherwise ``MigrationRequired`` says how).
+        ``config`` (dict, YAML text or ``ContextConfig``) is the default for sessions.
+        ``retry_appends`` (a ``RetryPolicy``) retries appends that carry an idempotency
+        key when the server is briefly unavailable (safe: a retry never writes twice).
+        ``tenant`` scopes every connection to one tenant's rows (row-level security,
+        migration 0004) and ``role`` switches its connections to that database role;
+        the service passes both, embedded use needs neither.
+        """
+        return _Opener(cls, dsn, home, migrate, config, pool_size, tenant, role, retry_appends)
+
+    @classmethod
+    async def _open(
+        cls,
+        dsn: str | None,
+        home: str | None,
+        migrate: bool | None,
+        config: ContextConfig | Mapping[str, Any] | str | None,
+        pool_size: int,
+        tenant: str | None = None,
+        role: str | None = None,
+        retry_appends: RetryPolicy | None = None,
+    ) -> Ledger:
+        if retry_appends is not None and not isinstance(retry_appends, RetryPolicy):
+            raise InvalidArgument("retry_appends must be a RetryPolicy", field="retry_appends")
+        from pathlib import Path
+
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or not pool_size >= 1:
+            raise InvalidArgument("pool_size must be an int >= 1", field="pool_size")
+        cfg = config if isinstance(config, ContextConfig) else ContextConfig.from_mapping(config)
+        target = resolve_target(dsn, os.environ, home=home)
+        log.info(
+            "ledger_target",
+            kind=target.kind,
+            source=target.source,
+            target=target.describe(),
+        )
+        if target.kind == "memory":
+            return cls(MemoryStore(), config=cfg, dsn=target.dsn, retry_appends=retry_appends)
+        # asyncpg, SQLAlchemy and alembic take a while to import: not on the event loop
+        migrations: Any = await asyncio.to_thread(
+            importlib.import_module, "contextledger.store.migrate"
+        )
+        postgres: Any = await asyncio.to_thread(
+            importlib.import_module, "contextledger.store.postgres"
+        )
+        if target.dsn is None:
+            from contextledger.store import embedded
+
+            dsn = await asyncio.to_thread(embedded.start, Path(home) if home else None)
+            migrate = True if migrate is None else migrate
+        else:
+            dsn = target.dsn
+        head = await asyncio.to_thread(migrations.head_revision)
+        store = await postgres.PostgresStore.connect(
+            dsn, max_size=pool_size, tenant=tenant, role=role
+        )
+        try:
+            if migrate and await store.schema_revision() != head:
+                await migrations.upgrade(dsn)
+            await store.require_revision(head)
+        except BaseException:
+            await store.close()
+            raise
+        return cls(store, config=cfg, dsn=dsn, retry_appends=retry_appends)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LedgerClosed("this ledger is closed")
+
+    def _remember_secrets(self, config: ContextConfig) -> None:
+        """API keys stay in this process: the ledger records configs redacted."""
+        for m in config.summarizer.models:
+            if m.api_key and m.api_key != REDACTED:
+                self._secrets[(m.model, m.api_base)] = m.api_key
+        rc = config.recall
+        if rc.embedding_model and rc.embedding_api_key and rc.embedding_api_key != REDACTED:
+            self._secrets[(rc.embedding_model, rc.embedding_api_base)] = rc.embedding_api_key
+
+    def _config_from(self, stored: Mapping[str, Any]) -> ContextConfig:
+        return ContextConfig.from_recorded(stored) if stored else self.config
+
+    def counter_for(self, model: str | None, config: ContextConfig) -> TokenCounter:
+        key = (config.token_counter, model)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = get_counter(config.token_counter, model)
+        return counter
+
+    async def warm_counter(self, model: str | None, config: ContextConfig) -> TokenCounter:
+        """``counter_for``, with the tokenizer and the model's limits loaded off the loop."""
+        key = (config.token_counter, model)
+        counter = self._counters.get(key)
+        if counter is None or key not in self._warm:
+            counter = await asyncio.to_thread(self.counter_for, model, config)
+            await asyncio.to_thread(warm, counter, model, config)
+            self._warm.add(key)
+        return counter
+
+    async def warm_model(self, model: str, config: ContextConfig) -> None:
+        """Resolve ``model``'s limits off the loop the first time (litellm's map)."""
+        if model not in self._warm_models:
+            from contextledger.core.model_limits import model_limits
+
+            await asyncio.to_thread(model_limits, model, config.model_overrides or None)
+            self._warm_models.add(model)
+
+    async def session(
+        self,
+        session_id: str,
+        *,
+        create: bool = True,
+        model: str | None = None,
+        config: ContextConfig | Mapping[str, Any] | str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Session:
+        """Open (or create) a session. A different ``config`` or ``model`` is recorded."""
+        self._check_open()
+        check_session_id(session_id)
+        if model is not None:
+            check_text(model, "model")
+        meta = check_mapping(metadata, "metadata")
+        passed: ContextConfig | None = None
+        if isinstance(config, ContextConfig):
+            passed = config
+        elif config is not None:
+            passed = self.config.merged(config)
+        if passed is not None:
+            self._remember_secrets(passed)
+        try:
+            info = await self.store.session_info(session_id)
+        except SessionNotFound:
+            if not create:
+                raise
+            effective = passed or self.config
+            try:
+                info = await self.store.create_session(
+                    session_id,
+                    SessionCreated(model, effective.to_dict(), meta),
+                    created_at=utc_now(),
+                )
+            except SessionExists:  # created concurrently: open it instead
+                info = await self.store.session_info(session_id)
+        stored = self._config_from(info.config)
+        counter = await self.warm_counter(info.model, stored)
+        session = Session(self, info, stored, counter)
+        if config is not None and not isinstance(config, ContextConfig):
+            wanted = stored.merged(config)
+        else:
+            wanted = passed or stored
+        changed = wanted.to_dict() != stored.to_dict()
+        new_model = model if model is not None and model != info.model else None
+        if changed or new_model:
+            await session._change(wanted if changed else None, new_model)
+        if not changed:
+            session._config = wanted  # same settings, possibly with this process's secrets
+        return session
+
+    async def sessions(self) -> list[SessionInfo]:
+        self._check_open()
+        return await self.store.list_sessions()
+
+    async def anchor(self, session_id: str) -> Anchor:
+        """The session's current (seq, hash): keep it elsewhere, pass it to ``verify``."""
+        self._check_open()
+        info = await self.store.session_info(check_session_id(session_id))
+        return Anchor(info.head, info.last_hash)
+
+    async def verify(self, session_id: str, *, anchor: Anchor | None = None) -> VerifyReport:
+        """Walk the hash chain; with ``anchor``, also require that it still reaches it."""
+        self._check_open()
+        report = await self.store.verify(check_session_id(session_id))
+        if anchor is None or not report.ok:
+            return report
+        if not isinstance(anchor, Anchor):
+            raise InvalidArgument("anchor must be an Anchor (Anchor.parse('SEQ:HASH'))")
+        at = [e async for e in self.store.read_events(session_id, anchor.seq, anchor.seq)]
+        if not at or at[0].hash != anchor.hash:
+            return VerifyReport(
+                session_id,
+                False,
+                report.events,
+                anchor.seq,
+                f"the chain no longer reaches anchor {anchor} "
+                + ("(the event is gone: truncated?)" if not at else "(a different event)"),
+            )
+        return report
+
+    async def verify_all(self) -> list[VerifyReport]:
+        return [await self.store.verify(s.session_id) for s in await self.sessions()]
+
+    async def rebuild(
+        self, session_id: str | None = None, *, force: bool = False
+    ) -> list[RebuildReport]:
+        """Recompute view rows from the events; report (and repair) any difference.
+
+        A session whose chain does not verify is refused (``ChainBroken``): its
+        events cannot be trusted to derive a view from, unless ``force``.
+        """
+        self._check_open()
+        ids = (
+            [check_session_id(session_id)]
+            if session_id is not None
+            else [s.session_id for s in await self.store.list_sessions()]
+        )
+        if not force:
+            for i in ids:
+                report = await self.store.verify(i)
+                if not report.ok:
+                    raise ChainBroken(
+                        f"session {i!r} does not verify (seq {report.first_bad_seq}: "
+                        f"{report.reason}); not rebuilding from it (force to override)",
+                        session_id=i,
+                        seq=report.first_bad_seq,
+                    )
+        return [await self.store.rebuild(i) for i in ids]
+
+    async def close(self) -> None:
+        if not self._closed:
+            pending = set(self._background)
+            if pending:  # summaries in flight: let them land, or cancel them cleanly
+                _, late = await asyncio.wait(pending, timeout=self.close_timeout)
+                for task in late:
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
+            self._closed = True
+            await self.store.close()
+
+
+class _Opener:
+    """``Ledger.open(...)`` works both as ``await`` and as ``async with``."""
+
+    def __init__(self, cls: type[Ledger], *args: Any) -> None:
+        self._cls, self._args = cls, args
+        self._ledger: Ledger | None = None
+
+    def __await__(self) -> Generator[Any, None, Ledger]:
+        return self._cls._open(*self._args).__await__()
+
+    async def __aenter__(self) -> Ledger:
+        self._ledger = await self._cls._open(*self._args)
+        return self._ledger
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._ledger is not None:
+            await self._ledger.close()

@@ -1,0 +1,168 @@
+"""Logging: a library emits, an application decides where it goes.
+
+``library_defaults`` (run when ``contextledger`` is imported) follows the stdlib
+conventions: a ``NullHandler`` on the ``contextledger`` logger and, unless the
+application configured structlog itself, structlog routed into stdlib logging —
+so nothing reaches stdout or stderr unless the application configures logging.
+
+``configure_logging`` is for programs (the CLI, the demo): structlog over the
+stdlib, so litellm, SQLAlchemy and alembic records render like ours. One stream handler with a
+``ProcessorFormatter``: JSON lines in production,
+colour only when the stream is a terminal. Tracebacks never include local
+variables (prompts and API keys live in locals), in either format.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any, Literal, TextIO
+
+import structlog
+from structlog.types import EventDict, Processor, WrappedLogger
+
+LogFormat = Literal["console", "json"]
+
+#: Env var read when ``configure_logging(fmt=None)``.
+LOG_FORMAT_ENV = "CONTEXTLEDGER_LOG_FORMAT"
+#: Loggers litellm creates (and attaches its own stdout handlers to) at import.
+LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
+
+
+class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Marker class: lets ``configure_logging`` find and replace its own handler."""
+
+
+def drop_litellm_redacted(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
+    """litellm records carry a ``litellm_redacted`` attribute that ``ExtraAdder`` copies in."""
+    event_dict.pop("litellm_redacted", None)
+    return event_dict
+
+
+_litellm_level: int | str = logging.WARNING
+
+
+def tame_litellm_loggers(level: int | str | None = None) -> None:
+    """Remove litellm's own handlers (output would be doubled) and let records propagate.
+
+    Called again after litellm is imported, because its import attaches the handlers;
+    ``level=None`` reuses the level the last ``configure_logging`` chose (WARNING).
+    """
+    global _litellm_level
+    if level is None:
+        level = _litellm_level
+    _litellm_level = level
+    for name in LITELLM_LOGGERS:
+        lg = logging.getLogger(name)
+        for handler in list(lg.handlers):
+            lg.removeHandler(handler)
+        lg.setLevel(level)
+        lg.propagate = True
+
+
+def library_defaults() -> None:
+    """Stdlib conventions for a library; idempotent, and never overrides the application."""
+    logging.getLogger("contextledger").addHandler(logging.NullHandler())
+    if not structlog.is_configured():
+        structlog.configure(
+            processors=[
+                structlog.stdlib.filter_by_level,
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.PositionalArgumentsFormatter(),
+                structlog.processors.StackInfoRenderer(),
+                structlog.processors.format_exc_info,
+                structlog.stdlib.render_to_log_kwargs,
+            ],
+            logger_factory=structlog.stdlib.LoggerFactory(),
+            wrapper_class=structlog.stdlib.BoundLogger,
+            cache_logger_on_first_use=False,
+        )
+
+
+def _resolve_format(fmt: LogFormat | None) -> LogFormat:
+    if fmt is None:
+        env = os.environ.get(LOG_FORMAT_ENV, "").strip().lower()
+        if env in ("console", "json"):
+            return env  # type: ignore[return-value]
+        return "console" if sys.stderr.isatty() else "json"
+    if fmt not in ("console", "json"):
+        raise ValueError(f"log format must be 'console' or 'json', not {fmt!r}")
+    return fmt
+
+
+def _console_renderer(colors: bool) -> Processor:
+    """A ConsoleRenderer whose tracebacks omit locals (rich's default formatter shows them).
+
+    Rich tracebacks only on a terminal: piped, they would be full of ANSI codes.
+    """
+    formatter: Any = structlog.dev.plain_traceback
+    if colors:
+        try:
+            import rich  # noqa: F401  (RichTracebackFormatter needs it at render time)
+
+            formatter = structlog.dev.RichTracebackFormatter(show_locals=False)
+        except ImportError:  # pragma: no cover - rich is a dependency
+            pass
+    return structlog.dev.ConsoleRenderer(colors=colors, exception_formatter=formatter)
+
+
+def configure_logging(
+    fmt: LogFormat | None = None,
+    level: int | str = "INFO",
+    *,
+    stream: TextIO | None = None,
+    litellm_level: int | str = logging.WARNING,
+    cache_loggers: bool = True,
+) -> None:
+    """Configure structlog and the root logger. Idempotent: calling again replaces our handler.
+
+    ``fmt=None`` reads ``CONTEXTLEDGER_LOG_FORMAT``, else picks console on a tty and
+    JSON otherwise. ``cache_loggers=False`` suits test suites that reconfigure
+    structlog (e.g. ``structlog.testing.capture_logs``) after this ran.
+    """
+    resolved = _resolve_format(fmt)
+    out = stream if stream is not None else sys.stderr
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_logger_name,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.PositionalArgumentsFormatter(),
+        structlog.stdlib.ExtraAdder(),
+        drop_litellm_redacted,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+    ]
+    final: list[Processor] = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
+    if resolved == "json":
+        final += [
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+            ),
+            structlog.processors.JSONRenderer(),
+        ]
+    else:
+        isatty = getattr(out, "isatty", None)
+        final.append(_console_renderer(colors=bool(isatty and isatty())))
+
+    handler = _OurHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(foreign_pre_chain=shared, processors=final)
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _OurHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *shared,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=cache_loggers,
+    )
+    tame_litellm_loggers(litellm_level)

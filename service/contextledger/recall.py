@@ -1,0 +1,225 @@
+"""Recall: bring back what compaction left out of a request, from the ledger itself.
+
+A request view leaves turns out (truncated, pruned, summarized) but the ledger
+holds all of them. Before a request is sent, the left-out part of the branch is
+searched for the latest user turn (and a pending tool call): PostgreSQL full-text
+search on ``postgresql://`` (the ``events.search`` column, migration 0003),
+BM25 (bm25s) on ``memory://``. The pure part (``core.recall``) picks whole tool
+units within the recall share and places the block before the latest turn.
+
+Deterministic: the search sees only events up to ``upto_seq`` and, for a replay,
+the branch as of that seq, and ranks tie-break by seq, so ``request_at(seq)``
+rebuilds the block a live request made at that seq carried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Sequence
+from typing import Any, Protocol
+
+import structlog
+
+from contextledger import hooks as hk
+from contextledger.core.config import REDACTED, ContextConfig, RecallConfig
+from contextledger.core.recall import (
+    RecallBlock,
+    fuse,
+    latest_turn,
+    message_text,
+    pick,
+    query_text,
+    recall_budget,
+)
+from contextledger.core.recall import place as place_recall
+from contextledger.core.tokens import TokenCounter
+from contextledger.core.units import is_tool_message
+from contextledger.core.view import ViewItem
+from contextledger.hooks import HookBus
+from contextledger.protocols import LedgerHandle
+from contextledger.store.base import Store
+
+log = structlog.get_logger(__name__)
+#: Neighbours fetched around a match so its tool unit (call + results) comes whole.
+UNIT_RADIUS = 4
+#: Events embedded per request at most (the first request of a long session catches
+#: up over a few turns), and per embedding call.
+EMBED_PER_REQUEST = 512
+EMBED_BATCH = 128
+MAX_EMBED_CHARS = 8000
+
+
+def reserve_for(budget_tokens: int, config: RecallConfig) -> int:
+    """Tokens of a request budget kept for the recall block (0 when recall is off)."""
+    return recall_budget(budget_tokens, config.share) if config.enabled else 0
+
+
+async def recall_for_request(
+    store: Store,
+    session_id: str,
+    *,
+    view: Sequence[ViewItem],
+    budget_tokens: int,
+    config: RecallConfig,
+    counter: TokenCounter,
+    upto_seq: int,
+    branch: Collection[int] | None = None,
+    api_key: str | None = None,
+) -> RecallBlock:
+    """The recall block for a request carrying ``view`` (empty when nothing relevant
+    was left out, recall is off, or there is no user turn to search for).
+
+    ``branch`` (a replay's branch as of ``upto_seq``) also means: never call the
+    embedder, use only the embeddings a live request had made by then."""
+    query = query_text(view)
+    if not config.enabled or not query.strip() or budget_tokens <= 0:
+        return RecallBlock(None, (), 0, query)
+    carried = {i.seq for i in view if i.seq > 0 and i.kind in ("message", "synthetic")}
+    matches = await store.search(
+        session_id,
+        query,
+        exclude=carried,
+        upto_seq=upto_seq,
+        branch=branch,
+        limit=config.max_matches,
+        text_config=config.text_search_config,
+    )
+    ranked = [seq for seq, _ in matches]
+    if config.engine == "hybrid" and config.embedding_model:
+        nearest = await _semantic(
+            store, session_id, view, config, upto_seq, branch, carried, api_key
+        )
+        if nearest:
+            ranked = fuse([ranked, nearest])[: config.max_matches]
+    if not ranked:
+        return RecallBlock(None, (), 0, query)
+    messages = await store.recall_messages(session_id, ranked, upto_seq=upto_seq, branch=branch)
+    window: set[int] = set()  # a tool call or result comes with the rest of its unit
+    for rec in messages:
+        if is_tool_message(rec.message):
+            window.update(range(max(1, rec.seq - UNIT_RADIUS), rec.seq + UNIT_RADIUS + 1))
+    window -= carried | set(ranked)
+    if window:
+        messages += await store.recall_messages(
+            session_id, window, upto_seq=upto_seq, branch=branch
+        )
+    return pick(
+        ranked,
+        messages,
+        budget_tokens=budget_tokens,
+        counter=counter,
+        query=query,
+    )
+
+
+async def _semantic(
+    store: Store,
+    session_id: str,
+    view: Sequence[ViewItem],
+    config: RecallConfig,
+    upto_seq: int,
+    branch: Collection[int] | None,
+    carried: Collection[int],
+    api_key: str | None,
+) -> list[int]:
+    """Left-out seqs nearest the latest turn by embedding; [] where vectors are not kept
+    (memory://, PostgreSQL without pgvector) or the embedder fails (lexical recall stays)."""
+    model = config.embedding_model
+    at = latest_turn(view)
+    if model is None or at is None or view[at].seq <= 0 or not await store.vectors_available():
+        return []
+    turn = view[at].seq
+    if branch is None:  # a live request embeds what is new; a replay never calls a model
+        todo = await store.unembedded(
+            session_id, model, upto_seq=upto_seq, first=(turn,), limit=EMBED_PER_REQUEST
+        )
+        try:
+            for start in range(0, len(todo), EMBED_BATCH):
+                batch = todo[start : start + EMBED_BATCH]
+                texts = [message_text(r.message)[:MAX_EMBED_CHARS] or " " for r in batch]
+                vectors = await embed(texts, config, api_key)
+                await store.store_embeddings(
+                    session_id,
+                    model,
+                    upto_seq,
+                    list(zip((r.seq for r in batch), vectors, strict=True)),
+                )
+        except Exception as exc:  # a failing embedder must not fail the request
+            log.warning("recall_embedding_failed", model=model, error=f"{type(exc).__name__}")
+    found = await store.vector_search(
+        session_id,
+        model,
+        turn,
+        exclude=carried,
+        upto_seq=upto_seq,
+        branch=branch,
+        limit=config.max_matches,
+    )
+    return [seq for seq, _ in found]
+
+
+async def embed(
+    texts: Sequence[str], config: RecallConfig, api_key: str | None
+) -> list[list[float]]:
+    """Embeddings through litellm (any provider, local servers included)."""
+    from contextledger.core._litellm import import_litellm
+
+    litellm = await asyncio.to_thread(import_litellm)  # ~2 s the first time: off the loop
+    kwargs: dict[str, Any] = {"model": config.embedding_model, "input": list(texts), "timeout": 30}
+    if config.embedding_api_base is not None:
+        kwargs["api_base"] = config.embedding_api_base
+    if api_key is not None:
+        kwargs["api_key"] = api_key
+    response = await litellm.aembedding(**kwargs)
+    return [list(map(float, item["embedding"])) for item in response.data]
+
+
+class RecallingSession(Protocol):
+    """What ``with_recall`` needs of a session (a port: recall.py never imports session.py)."""
+
+    session_id: str
+    counter: TokenCounter
+    hooks: HookBus
+    _store: Store
+    _ledger: LedgerHandle
+
+
+def embedding_key(session: RecallingSession, cfg: ContextConfig) -> str | None:
+    """The recall embedder's key: configs are recorded redacted, keys stay in-process."""
+    rc = cfg.recall
+    if rc.embedding_api_key and rc.embedding_api_key != REDACTED:
+        return rc.embedding_api_key
+    if rc.embedding_model is None:
+        return None
+    return session._ledger._secrets.get((rc.embedding_model, rc.embedding_api_base))
+
+
+async def with_recall(
+    session: RecallingSession,
+    view: Sequence[ViewItem],
+    room: int,
+    cfg: ContextConfig,
+    *,
+    upto_seq: int,
+    branch: Collection[int] | None,
+) -> Sequence[ViewItem]:
+    """``view`` with the recall block of what it left out, announced on the hook bus."""
+    if not room:
+        return view
+    block = await recall_for_request(
+        session._store,
+        session.session_id,
+        view=view,
+        budget_tokens=room,
+        config=cfg.recall,
+        counter=session.counter,
+        upto_seq=upto_seq,
+        branch=branch,
+        api_key=embedding_key(session, cfg),
+    )
+    if block.empty:
+        return view
+    await session.hooks.emit(
+        hk.INCLUDE, {"source": "recall", "seqs": list(block.seqs), "tokens": block.tokens}
+    )
+    return place_recall(view, block)

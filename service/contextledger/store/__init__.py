@@ -1,0 +1,1 @@
+"""Persistence adapters behind the ``Store`` port (``base.py``): memory and PostgreSQL."""

@@ -1,0 +1,254 @@
+"""The ``Store`` port: what every store provides, each method documented, and its report types.
+
+A store persists events and keeps the inline projection in step with them. The
+decisions (which seq, which hash, what the view becomes, whether an event is
+admissible at all) are made by ``core.projection.record_events`` — pure, so the
+in-memory store and the PostgreSQL store cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from contextledger.core.chain import VerifyReport, verify_chain
+from contextledger.core.events import (
+    Event,
+    Payload,
+    SessionCreated,
+)
+from contextledger.core.recall import Recalled
+from contextledger.core.view import ViewItem
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    session_id: str
+    created_at: datetime
+    model: str | None
+    config: Mapping[str, Any]
+    metadata: Mapping[str, Any]
+    head: int
+    last_hash: str
+    view_tokens: int
+    view_count: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    seq: int
+    label: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    seqs: tuple[int, ...]
+    #: True when an idempotency key matched an earlier append: nothing was written.
+    duplicate: bool = False
+    view_tokens: int = 0
+    #: The hash of the last event written ("" for a duplicate): the next append's pin.
+    last_hash: str = ""
+
+    @property
+    def seq(self) -> int:
+        return self.seqs[-1]
+
+
+@dataclass(frozen=True)
+class ViewTail:
+    """What a request needs of a view, read without reading the view.
+
+    ``items`` is the view's suffix of at most ``max_tokens`` tokens (starting at a
+    message that is not a tool result; one oversized unit may exceed it); ``pinned``
+    the items before it that every request keeps (system, critical, summaries) and the
+    last human turn; ``before_tokens`` the tokens of the whole view before ``items``.
+    """
+
+    items: tuple[ViewItem, ...]
+    pinned: tuple[ViewItem, ...]
+    before_tokens: int
+    head: int
+
+
+def tail_of(view: Sequence[ViewItem], head: int, max_tokens: int) -> ViewTail:
+    """``ViewTail`` of a view held in memory (the reference the SQL version follows)."""
+    from contextledger.core.units import is_human_turn, result_ids
+
+    start, size = len(view), 0
+    while start > 0 and size + view[start - 1].tokens <= max_tokens:
+        start -= 1
+        size += view[start].tokens
+    while 0 < start < len(view) and (view[start].role == "tool" or result_ids(view[start].message)):
+        start -= 1  # a tail never starts inside a tool unit
+    human = next((n for n in range(start - 1, -1, -1) if is_human_turn(view[n].message)), None)
+    pinned = tuple(
+        i
+        for n, i in enumerate(view[:start])
+        if i.critical or i.kind == "summary" or i.role == "system" or n == human
+    )
+    before = sum(i.tokens for i in view[:start])
+    return ViewTail(tuple(view[start:]), pinned, before, head)
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    session_id: str
+    differences: tuple[str, ...] = ()
+    repaired: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+
+class Store(abc.ABC):
+    """Persistence for sessions, their events and the inline projection."""
+
+    kind: str = "abstract"
+
+    @abc.abstractmethod
+    async def create_session(
+        self, session_id: str, payload: SessionCreated, *, created_at: datetime
+    ) -> SessionInfo:
+        """Write seq 1 (``session.created``); ``SessionExists`` if the id is taken."""
+
+    @abc.abstractmethod
+    async def session_info(self, session_id: str) -> SessionInfo:
+        """Head, last hash, model, config and view totals; ``SessionNotFound`` if absent."""
+
+    @abc.abstractmethod
+    async def list_sessions(self) -> list[SessionInfo]:
+        """Every session, oldest first."""
+
+    @abc.abstractmethod
+    async def append(
+        self,
+        session_id: str,
+        payloads: Sequence[Payload],
+        *,
+        created_at: datetime,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+        known: tuple[int, str] | None = None,
+    ) -> AppendResult:
+        """Append ``payloads`` as consecutive events, all or none, in one transaction.
+
+        The pure step ``core.projection.record_events`` decides seqs, hashes and the new
+        view; the store persists exactly that. ``expected_seq`` must equal the head
+        (else ``ConcurrencyError``); a reused ``idempotency_key`` for the same payload
+        returns the original result with ``duplicate=True`` and writes nothing
+        (``IdempotencyConflict`` for a different payload). ``known`` = (seq, hash) the
+        caller's handle last saw: the append is refused (``SessionNotFound``) unless the
+        chain still passes through it, so a stale handle never writes onto a re-created
+        session.
+        """
+
+    @abc.abstractmethod
+    async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
+        """The working view: the current generation's rows plus the message tail; O(view)."""
+
+    async def read_view_tail(self, session_id: str, max_tokens: int) -> ViewTail:
+        """The view's last ``max_tokens`` tokens and the pinned items before them."""
+        info = await self.session_info(session_id)
+        return tail_of(await self.read_view(session_id), info.head, max_tokens)
+
+    @abc.abstractmethod
+    async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
+        """The current branch's messages, uncompacted and without summaries (copies)."""
+
+    @abc.abstractmethod
+    def read_events(
+        self, session_id: str, from_seq: int = 1, to_seq: int | None = None
+    ) -> AsyncIterator[Event]:
+        """Events ``from_seq..to_seq`` in seq order, data as stored (paged under the hood)."""
+
+    @abc.abstractmethod
+    async def checkpoints(self, session_id: str) -> list[Checkpoint]:
+        """The session's ``checkpoint.created`` events, oldest first."""
+
+    # -- recall (see contextledger.recall) ----------------------------------------------
+    #: Candidates are the ``message.appended`` events of the branch (the current one, or
+    #: the seqs in ``branch`` when a replay passes the branch as of its seq) up to
+    #: ``upto_seq``, minus ``exclude`` (what the request already carries).
+
+    async def search(
+        self,
+        session_id: str,
+        query: str,
+        *,
+        exclude: Collection[int],
+        upto_seq: int,
+        branch: Collection[int] | None,
+        limit: int,
+        text_config: str,
+    ) -> list[tuple[int, float]]:
+        """``(seq, score)`` of the best lexical matches for ``query``, best first, ties
+        by seq (newest first). A store without search recalls nothing."""
+        return []
+
+    async def vectors_available(self) -> bool:
+        """Whether this store keeps embeddings (PostgreSQL with the ``vector`` extension)."""
+        return False
+
+    async def unembedded(
+        self, session_id: str, model: str, *, upto_seq: int, first: Collection[int], limit: int
+    ) -> list[Recalled]:
+        """Branch messages up to ``upto_seq`` with no ``model`` embedding yet: ``first``
+        (e.g. the latest turn) before the rest, newest first, at most ``limit``."""
+        return []
+
+    async def store_embeddings(
+        self,
+        session_id: str,
+        model: str,
+        available_from: int,
+        vectors: Sequence[tuple[int, Sequence[float]]],
+    ) -> None:
+        """Keep ``(seq, vector)`` pairs, usable by requests (and replays) at seqs
+        ``>= available_from``; an event keeps its first embedding."""
+        raise NotImplementedError("this store keeps no embeddings (vectors_available)")
+
+    async def vector_search(
+        self,
+        session_id: str,
+        model: str,
+        query_seq: int,
+        *,
+        exclude: Collection[int],
+        upto_seq: int,
+        branch: Collection[int] | None,
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        """``(seq, distance)`` of the candidates nearest the embedding of ``query_seq``."""
+        return []
+
+    async def recall_messages(
+        self,
+        session_id: str,
+        seqs: Collection[int],
+        *,
+        upto_seq: int,
+        branch: Collection[int] | None,
+    ) -> list[Recalled]:
+        """The messages at ``seqs`` that are recall candidates, in seq order."""
+        return []
+
+    @abc.abstractmethod
+    async def rebuild(self, session_id: str, *, repair: bool = True) -> RebuildReport:
+        """Fold the events again; report differences from the stored projection and
+        (with ``repair``) replace it with the fold's result."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections; appends in flight are answered first."""
+
+    async def verify(self, session_id: str) -> VerifyReport:
+        """Walk the hash chain up to the head read first (``core.chain.verify_chain``)."""
+        info = await self.session_info(session_id)
+        # up to the head we read: a writer appending meanwhile is not "extra events"
+        events = [e async for e in self.read_events(session_id, 1, info.head)]
+        return verify_chain(session_id, events, info.head, info.last_hash)

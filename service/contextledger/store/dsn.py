@@ -1,0 +1,100 @@
+"""DSN spelling (asyncpg wants ``postgresql://``, SQLAlchemy ``postgresql+asyncpg://``),
+redaction, and where a ledger's data goes (``resolve_target``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from contextledger.errors import InvalidArgument
+
+_PREFIXES = ("postgresql+asyncpg://", "postgresql+psycopg://", "postgresql://", "postgres://")
+
+
+def is_postgres(dsn: str) -> bool:
+    return dsn.startswith(_PREFIXES)
+
+
+def _rest(dsn: str) -> str:
+    for prefix in _PREFIXES:
+        if dsn.startswith(prefix):
+            return dsn[len(prefix) :]
+    raise ValueError(f"not a PostgreSQL DSN: {redact(dsn)}")
+
+
+def asyncpg_dsn(dsn: str) -> str:
+    return "postgresql://" + _rest(dsn)
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    return "postgresql+asyncpg://" + _rest(dsn)
+
+
+def redact(dsn: str) -> str:
+    """The DSN with any password replaced, for logs and error messages."""
+    scheme, sep, rest = dsn.partition("://")
+    if not sep or "@" not in rest:
+        return dsn
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}{':***' if ':' in creds else ''}@{host}"
+
+
+#: Names the server when ``Ledger.open`` gets no ``dsn`` (the CLI reads it too).
+DSN_ENV = "CONTEXTLEDGER_DSN"
+#: Home of the embedded PostgreSQL when ``home`` is not given.
+HOME_ENV = "CONTEXTLEDGER_HOME"
+MEMORY = "memory://"
+Source = Literal["argument", "environment", "default"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a ledger's data goes, and why: the one answer ``Ledger.open``, the CLI and
+    the Amplifier mount all use."""
+
+    kind: Literal["postgres", "memory", "embedded"]
+    dsn: str | None  # None for the embedded server (its DSN is known once it runs)
+    home: str | None  # the embedded server's home, when given
+    source: Source
+
+    def describe(self) -> str:
+        """For logs and messages: credentials redacted."""
+        if self.kind == "embedded":
+            where = self.home or f"${HOME_ENV} (or the user data dir)"
+            return f"embedded PostgreSQL under {where}"
+        assert self.dsn is not None
+        return redact(self.dsn)
+
+
+def resolve_target(
+    dsn: str | None, environ: Mapping[str, str], *, home: str | None = None
+) -> Target:
+    """The argument, else ``$CONTEXTLEDGER_DSN``, else the embedded server.
+
+    Pure (``environ`` is passed in). A value that is neither ``memory://`` nor a
+    ``postgresql://`` URL is an ``InvalidArgument`` naming where it came from.
+    """
+    source: Source = "argument"
+    if dsn is None:
+        env = environ.get(DSN_ENV, "").strip()
+        if env:
+            dsn, source = env, "environment"
+    if dsn is None:
+        return Target("embedded", None, home, "default")
+    where = "dsn" if source == "argument" else f"${DSN_ENV}"
+    if not isinstance(dsn, str):
+        raise InvalidArgument(
+            f"{where} must be None (embedded), {MEMORY!r} or a postgresql:// URL, "
+            f"not {type(dsn).__name__}",
+            field="dsn",
+        )
+    if dsn == MEMORY:
+        return Target("memory", dsn, None, source)
+    if is_postgres(dsn):
+        return Target("postgres", dsn, None, source)
+    raise InvalidArgument(
+        f"{where} must be None (embedded), {MEMORY!r} or a postgresql:// URL, got {redact(dsn)!r}",
+        field="dsn",
+    )

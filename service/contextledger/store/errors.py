@@ -1,0 +1,180 @@
+"""One translation from driver, pool and server failures to contextledger's typed errors.
+
+Every public entry point of the PostgreSQL store (and the migrations, and
+``Ledger.open``) passes what escapes it through ``translate``, so a caller sees
+``LedgerUnavailable`` (retryable: the server is away) or ``LedgerRefused`` (the
+server said no: retrying unchanged will not help), each with a stable ``code``
+and a sentence saying what to do — never an ``OSError`` or an asyncpg class.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+import asyncpg
+
+from contextledger.errors import ContextLedgerError, LedgerRefused, LedgerUnavailable
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_RETRY = "Retry later; appends carrying an idempotency key are safe to retry."
+
+#: SQLSTATE → (family, code, what to do). Classes are matched by SQLSTATE so a
+#: SQLAlchemy-wrapped error (which carries ``.sqlstate`` too) maps the same way.
+_SQLSTATES: dict[str, tuple[type[ContextLedgerError], str, str]] = {
+    "57P03": (
+        LedgerUnavailable,
+        "SERVER_STARTING",
+        "the database server is starting up or shutting down. " + _RETRY,
+    ),
+    "57P01": (
+        LedgerUnavailable,
+        "SERVER_STOPPING",
+        "the database server is shutting down (admin shutdown). " + _RETRY,
+    ),
+    "57P02": (LedgerUnavailable, "SERVER_STOPPING", "the database server crashed. " + _RETRY),
+    "53300": (
+        LedgerUnavailable,
+        "TOO_MANY_CONNECTIONS",
+        "the server has no free connection slots. Retry later, lower pool_size, "
+        "or raise max_connections.",
+    ),
+    "08000": (LedgerUnavailable, "CONNECTION_LOST", "the connection failed. " + _RETRY),
+    "08003": (LedgerUnavailable, "CONNECTION_LOST", "the connection is gone. " + _RETRY),
+    "08006": (LedgerUnavailable, "CONNECTION_LOST", "the connection failed. " + _RETRY),
+    "08001": (
+        LedgerUnavailable,
+        "CONNECTION_REFUSED",
+        "could not establish a connection. " + _RETRY,
+    ),
+    "08004": (
+        LedgerUnavailable,
+        "CONNECTION_REFUSED",
+        "the server rejected the connection. " + _RETRY,
+    ),
+    "25006": (
+        LedgerRefused,
+        "READ_ONLY",
+        "the database is read-only (a standby, or default_transaction_read_only). "
+        "Point the ledger at the primary.",
+    ),
+    "42501": (
+        LedgerRefused,
+        "PERMISSION_DENIED",
+        "the database role lacks a privilege the ledger needs. Grant it "
+        "(see the migrations for the tables) or connect as the owner.",
+    ),
+    "53100": (
+        LedgerRefused,
+        "DISK_FULL",
+        "the database server's disk is full. Free space, then retry.",
+    ),
+    "57014": (
+        LedgerRefused,
+        "STATEMENT_TIMEOUT",
+        "the statement was cancelled (statement_timeout or a cancel request). "
+        "Raise statement_timeout for this role or retry.",
+    ),
+}
+
+
+def _found(
+    family: type[ContextLedgerError], code: str, advice: str, exc: BaseException
+) -> ContextLedgerError:
+    return family(f"{advice} ({type(exc).__name__}: {exc})", code=code, cause=type(exc).__name__)
+
+
+def translate(exc: BaseException) -> ContextLedgerError | None:
+    """The typed error for a driver/pool/server failure, or ``None`` to let ``exc`` pass.
+
+    Our own errors, cancellation and programming errors pass through untouched.
+    """
+    if isinstance(exc, ContextLedgerError) or not isinstance(exc, Exception):
+        return None
+    orig = getattr(exc, "orig", None)  # sqlalchemy.exc.DBAPIError
+    if isinstance(orig, BaseException) and orig is not exc:
+        inner = translate(orig)
+        if inner is not None:
+            return inner
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(exc, asyncpg.PostgresError) or (isinstance(sqlstate, str) and len(sqlstate) == 5):
+        entry = _SQLSTATES.get(str(sqlstate))
+        if entry is not None:
+            return _found(*entry, exc)
+        if isinstance(exc, asyncpg.PostgresConnectionError) or str(sqlstate).startswith("08"):
+            return _found(
+                LedgerUnavailable, "CONNECTION_LOST", "the connection failed. " + _RETRY, exc
+            )
+        if isinstance(exc, asyncpg.PostgresError):
+            return _found(
+                LedgerRefused,
+                "DATABASE_ERROR",
+                f"the database refused the operation (SQLSTATE {sqlstate}). Check the server "
+                "log; retrying unchanged will not help.",
+                exc,
+            )
+    if isinstance(exc, asyncpg.InterfaceError):
+        text = str(exc)
+        if "pool is clos" in text:
+            return _found(
+                LedgerUnavailable,
+                "POOL_CLOSED",
+                "the ledger's connection pool is closed. Open a new Ledger.",
+                exc,
+            )
+        if isinstance(exc, asyncpg.ClientConfigurationError | ValueError):
+            return None  # a bug or bad argument on our side: not an outage
+        return _found(LedgerUnavailable, "CONNECTION_LOST", "the connection failed. " + _RETRY, exc)
+    if isinstance(exc, asyncpg.InternalClientError):
+        return _found(
+            LedgerUnavailable, "CONNECTION_LOST", "the connection broke mid-call. " + _RETRY, exc
+        )
+    if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
+        return _found(
+            LedgerUnavailable,
+            "CONNECTION_REFUSED",
+            "the database server is not accepting connections (not running, or restarting). "
+            + _RETRY,
+            exc,
+        )
+    if isinstance(exc, OSError):  # resets, broken pipes, connect timeouts
+        return _found(LedgerUnavailable, "CONNECTION_LOST", "the connection failed. " + _RETRY, exc)
+    return None
+
+
+def translated(
+    fn: Callable[P, Coroutine[Any, Any, T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Decorate a store coroutine so what escapes it is typed (see ``translate``)."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as exc:
+            typed = translate(exc)
+            if typed is None:
+                raise
+            raise typed from exc
+
+    return wrapper
+
+
+def translated_iter(fn: Callable[P, AsyncIterator[T]]) -> Callable[P, AsyncIterator[T]]:
+    """``translated`` for an async generator."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> AsyncIterator[T]:
+        try:
+            async for item in fn(*args, **kwargs):
+                yield item
+        except Exception as exc:
+            typed = translate(exc)
+            if typed is None:
+                raise
+            raise typed from exc
+
+    return wrapper

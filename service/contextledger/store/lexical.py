@@ -1,0 +1,71 @@
+"""BM25 ranking for ``memory://`` recall, through the ``bm25s`` library.
+
+PostgreSQL ranks recall candidates with its own full-text search; the memory
+store gets the same behaviour here: the same text (``core.recall.message_text``),
+stop words dropped, Snowball stemming for the configured language (``simple``
+means no stemming, as in PostgreSQL). Ties break by seq, newest first, so the same
+candidates always rank the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+K1 = 0.5
+B = 0.9
+
+
+@lru_cache(maxsize=8)
+def _stemmer(text_config: str) -> Any:
+    import Stemmer
+
+    name = text_config.rpartition(".")[2]
+    return Stemmer.Stemmer(name) if name in Stemmer.algorithms() else None
+
+
+def tokenize(text: str, text_config: str) -> list[str]:
+    """Lexemes of ``text``: lower-cased words (``a_b`` is two), stop words dropped, stemmed."""
+    import bm25s
+
+    stop = "en" if text_config.rpartition(".")[2] == "english" else None
+    tokens: list[list[str]] = bm25s.tokenize(
+        [text.replace("_", " ")],  # snake_case parts are words, as PostgreSQL's parser has them
+        stopwords=stop,
+        stemmer=_stemmer(text_config),
+        show_progress=False,
+        return_ids=False,
+    )
+    return tokens[0]
+
+
+def rank(
+    query: Sequence[str], docs: Sequence[tuple[int, Sequence[str]]], limit: int
+) -> list[tuple[int, float]]:
+    """``(seq, score)`` of the ``limit`` best documents matching ``query`` (score > 0)."""
+    query_terms = [t for t in query if t]
+    docs = [(seq, toks) for seq, toks in docs if toks]
+    if not query_terms or not docs:
+        return []
+    import bm25s
+
+    # As PostgreSQL's ``@@`` does, rank only what shares a term with the query (IDF
+    # over those: the terms they all share weigh little). k1 low: a service named on
+    # every line of a grep output is not ten times as relevant; b high: short
+    # statements of a fact are not buried under long tool output.
+    terms = set(query_terms)
+    docs = [(seq, toks) for seq, toks in docs if terms.intersection(toks)]
+    if not docs:
+        return []
+    retriever = bm25s.BM25(k1=K1, b=B)
+    retriever.index([list(toks) for _, toks in docs], show_progress=False)
+    known = [t for t in query_terms if t in retriever.vocab_dict]
+    if not known:
+        return []
+    scores = retriever.get_scores(known)
+    ranked = sorted(
+        ((seq, float(score)) for (seq, _), score in zip(docs, scores, strict=True) if score > 0),
+        key=lambda p: (-p[1], -p[0]),
+    )
+    return ranked[:limit]

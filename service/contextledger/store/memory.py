@@ -1,0 +1,303 @@
+"""``memory://``: the same pure core with dicts for tables (tests, graceful degradation).
+
+Events are still hashed and folded exactly as in PostgreSQL, so a session that
+degrades to memory behaves the same; it just does not survive the process.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from contextledger.core.chain import GENESIS_HASH, make_event
+from contextledger.core.events import (
+    CheckpointCreated,
+    Event,
+    MessageAppended,
+    Payload,
+    SessionCreated,
+)
+from contextledger.core.projection import (
+    ViewState,
+    apply,
+    check_append_target,
+    compare_rows,
+    fold,
+    message_item,
+    record_events,
+)
+from contextledger.core.recall import Recalled, message_text
+from contextledger.core.view import ViewItem
+from contextledger.errors import (
+    IdempotencyConflict,
+    SessionExists,
+    SessionNotFound,
+)
+from contextledger.store.base import AppendResult, Checkpoint, RebuildReport, SessionInfo, Store
+
+
+@dataclass
+class _Stream:
+    info: SessionInfo
+    events: list[Event] = field(default_factory=list)
+    state: ViewState = field(default_factory=ViewState)
+    keys: dict[str, int] = field(default_factory=dict)
+    #: The branch and view as lists, so a plain append is O(1) (``state`` holds tuples
+    #: and is rebuilt from these only when a cold-path event needs the pure fold).
+    branch: list[ViewItem] = field(default_factory=list)
+    view: list[ViewItem] = field(default_factory=list)
+    stale: bool = False  # the lists grew since ``state`` was built
+
+    def current(self) -> ViewState:
+        if self.stale:
+            self.state = replace(self.state, branch=tuple(self.branch), view=tuple(self.view))
+            self.stale = False
+        return self.state
+
+    def adopt(self, state: ViewState) -> None:
+        self.state, self.stale = state, False
+        self.branch, self.view = list(state.branch), list(state.view)
+
+
+class MemoryStore(Store):
+    kind = "memory"
+
+    def __init__(self) -> None:
+        self._streams: dict[str, _Stream] = {}
+        #: (session, seq, text config) -> lexemes: each event is tokenized once
+        self._lexemes: dict[tuple[str, int, str], list[str]] = {}
+
+    def _get(self, session_id: str) -> _Stream:
+        try:
+            return self._streams[session_id]
+        except KeyError:
+            raise SessionNotFound.for_session(session_id) from None
+
+    async def create_session(
+        self, session_id: str, payload: SessionCreated, *, created_at: datetime
+    ) -> SessionInfo:
+        if session_id in self._streams:
+            raise SessionExists(f"session {session_id!r} already exists", session_id=session_id)
+        event = make_event(session_id, 1, payload, GENESIS_HASH, created_at=created_at)
+        event = replace(event, data=copy.deepcopy(event.payload.to_data()), position=1)
+        state = apply(ViewState(), event)
+        info = SessionInfo(
+            session_id,
+            created_at,
+            payload.model,
+            payload.config,
+            payload.metadata,
+            1,
+            event.hash,
+            0,
+            0,
+        )
+        self._streams[session_id] = _Stream(info, [event], state)
+        return info
+
+    async def session_info(self, session_id: str) -> SessionInfo:
+        return self._get(session_id).info
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        return [s.info for s in sorted(self._streams.values(), key=lambda s: s.info.created_at)]
+
+    async def append(
+        self,
+        session_id: str,
+        payloads: Sequence[Payload],
+        *,
+        created_at: datetime,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+        known: tuple[int, str] | None = None,
+    ) -> AppendResult:
+        stream = self._get(session_id)
+        if idempotency_key is not None and idempotency_key in stream.keys:
+            seq = stream.keys[idempotency_key]
+            original = stream.events[seq - 1]
+            if original.payload != payloads[-1]:
+                raise IdempotencyConflict(
+                    f"idempotency key {idempotency_key!r} was used for a different event "
+                    f"(seq {seq})",
+                    seq=seq,
+                )
+            return AppendResult((seq,), True, stream.info.view_tokens)
+        check_append_target(
+            session_id,
+            head=stream.state.head,
+            last_hash=stream.info.last_hash,
+            known=known,
+            hash_at_known=(
+                stream.events[known[0] - 1].hash
+                if known is not None and 0 < known[0] <= len(stream.events)
+                else None
+            ),
+            expected_seq=expected_seq,
+        )
+        if all(isinstance(p, MessageAppended) for p in payloads):
+            events = self._append_messages(stream, payloads, created_at, idempotency_key)
+        else:
+            step = record_events(
+                stream.current(),
+                session_id,
+                stream.info.last_hash,
+                payloads,
+                created_at=created_at,
+                idempotency_key=idempotency_key,
+                state_at=lambda seq: fold(stream.events, until=seq),
+            )
+            events = list(step.events)
+            stream.adopt(step.state)
+        for event in events:
+            stream.events.append(
+                replace(
+                    event,
+                    data=copy.deepcopy(event.payload.to_data()),
+                    position=len(stream.events) + 1,
+                )
+            )
+        if idempotency_key is not None:
+            stream.keys[idempotency_key] = events[-1].seq
+        plain = all(isinstance(e.payload, MessageAppended) for e in events)
+        stream.info = replace(
+            stream.info,
+            head=stream.state.head,
+            last_hash=events[-1].hash,
+            view_tokens=(
+                stream.info.view_tokens + sum(e.tokens for e in events)
+                if plain
+                else sum(i.tokens for i in stream.view)
+            ),
+            view_count=len(stream.view),
+            config=stream.state.config,
+            model=stream.state.model,
+        )
+        return AppendResult(
+            tuple(e.seq for e in events), False, stream.info.view_tokens, events[-1].hash
+        )
+
+    @staticmethod
+    def _append_messages(
+        stream: _Stream,
+        payloads: Sequence[Payload],
+        created_at: datetime,
+        key: str | None,
+    ) -> list[Event]:
+        """The fast path, as in PostgreSQL: hash, then add each item to branch and view."""
+        events: list[Event] = []
+        prev, seq = stream.info.last_hash, stream.state.head
+        for n, payload in enumerate(payloads):
+            assert isinstance(payload, MessageAppended)
+            seq += 1
+            event = make_event(
+                stream.info.session_id,
+                seq,
+                payload,
+                prev,
+                created_at=created_at,
+                idempotency_key=key if n == len(payloads) - 1 else None,
+            )
+            item = message_item(seq, payload)
+            stream.branch.append(item)
+            stream.view.append(item)
+            events.append(event)
+            prev = event.hash
+        stream.state = replace(stream.state, head=seq)
+        stream.stale = True
+        return events
+
+    async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
+        # copies, as PostgreSQL's freshly decoded rows are: callers cannot reach the ledger
+        return tuple(
+            replace(i, message=copy.deepcopy(i.message)) for i in self._get(session_id).view
+        )
+
+    async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(dict(i.message)) for i in self._get(session_id).branch]
+
+    async def read_events(
+        self, session_id: str, from_seq: int = 1, to_seq: int | None = None
+    ) -> AsyncIterator[Event]:
+        for event in list(self._get(session_id).events):
+            if event.seq >= from_seq and (to_seq is None or event.seq <= to_seq):
+                yield event
+
+    def _candidates(
+        self, session_id: str, upto_seq: int, branch: Collection[int] | None
+    ) -> list[tuple[int, MessageAppended]]:
+        stream = self._get(session_id)
+        allowed = (
+            set(branch)
+            if branch is not None
+            else {i.seq for i in stream.branch if i.ref[1] == 0 and i.kind != "summary"}
+        )
+        return [
+            (e.seq, e.payload)
+            for e in stream.events[: max(0, upto_seq)]
+            if isinstance(e.payload, MessageAppended) and e.seq in allowed
+        ]
+
+    async def search(
+        self,
+        session_id: str,
+        query: str,
+        *,
+        exclude: Collection[int],
+        upto_seq: int,
+        branch: Collection[int] | None,
+        limit: int,
+        text_config: str,
+    ) -> list[tuple[int, float]]:
+        from contextledger.store import lexical
+
+        skip = set(exclude)
+        docs: list[tuple[int, Sequence[str]]] = []
+        for seq, payload in self._candidates(session_id, upto_seq, branch):
+            if seq in skip:
+                continue
+            key = (session_id, seq, text_config)
+            lexemes = self._lexemes.get(key)
+            if lexemes is None:
+                text = message_text(payload.message)
+                lexemes = self._lexemes[key] = lexical.tokenize(text, text_config)
+            docs.append((seq, lexemes))
+        return lexical.rank(lexical.tokenize(query, text_config), docs, limit)
+
+    async def recall_messages(
+        self,
+        session_id: str,
+        seqs: Collection[int],
+        *,
+        upto_seq: int,
+        branch: Collection[int] | None,
+    ) -> list[Recalled]:
+        wanted = set(seqs)
+        return [
+            Recalled(seq, copy.deepcopy(dict(payload.message)), payload.tokens)
+            for seq, payload in self._candidates(session_id, upto_seq, branch)
+            if seq in wanted
+        ]
+
+    async def checkpoints(self, session_id: str) -> list[Checkpoint]:
+        return [
+            Checkpoint(e.seq, e.payload.label, e.created_at)
+            for e in self._get(session_id).events
+            if isinstance(e.payload, CheckpointCreated)
+        ]
+
+    async def rebuild(self, session_id: str, *, repair: bool = True) -> RebuildReport:
+        stream = self._get(session_id)
+        expected = fold(stream.events)
+        diffs = compare_rows(expected.view, stream.view, "view") + compare_rows(
+            expected.branch, stream.branch, "branch"
+        )
+        if diffs and repair:
+            stream.adopt(expected)
+        return RebuildReport(session_id, tuple(diffs), bool(diffs) and repair)
+
+    async def close(self) -> None:
+        self._streams.clear()
+        self._lexemes.clear()

@@ -1,0 +1,1234 @@
+"""The PostgreSQL store: asyncpg on the hot path, one round trip per message append.
+
+Appending a message is a single statement: a conditional ``UPDATE sessions ...
+WHERE head = seq - 1`` feeding the INSERTs of the event and its view and branch
+rows. If another writer advanced the head first, the UPDATE matches nothing, so
+nothing is inserted; we re-read the head and retry (or raise
+``ConcurrencyError`` when the caller pinned ``expected_seq``). Appends to
+different sessions touch different rows only: no table locks, no counters.
+
+Everything else (summaries, compactions, rollbacks, set_messages) is a cold
+path: one transaction that locks the session row, loads the view (O(view)),
+runs the pure ``record_events`` and writes the difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import structlog
+
+from contextledger.core.chain import GENESIS_HASH, make_event
+from contextledger.core.encoding import dumps
+from contextledger.core.events import Event, MessageAppended, Payload, SessionCreated, decode
+from contextledger.core.projection import (
+    ViewState,
+    check_append_target,
+    compare_rows,
+    fold,
+    record_events,
+)
+from contextledger.core.recall import Recalled
+from contextledger.core.units import is_human_turn, result_ids
+from contextledger.core.view import ORD_STRIDE, ViewItem
+from contextledger.errors import (
+    ConcurrencyError,
+    IdempotencyConflict,
+    InvalidArgument,
+    MigrationRequired,
+    SessionExists,
+    SessionNotFound,
+)
+from contextledger.store.base import (
+    AppendResult,
+    Checkpoint,
+    RebuildReport,
+    SessionInfo,
+    Store,
+    ViewTail,
+)
+from contextledger.store.batching import AppendBatcher
+from contextledger.store.dsn import asyncpg_dsn, redact
+from contextledger.store.errors import translate, translated, translated_iter
+
+log = structlog.get_logger(__name__)
+S = "contextledger"
+_RETRIES = 50
+
+APPEND_MESSAGE = f"""
+WITH s AS (
+    UPDATE {S}.sessions
+       SET head = $2, last_hash = $8, view_tokens = view_tokens + $5, view_count = view_count + 1
+     WHERE session_id = $1 AND head = $2::bigint - 1 AND last_hash = $9
+ RETURNING view_tokens
+), e AS (
+    INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
+                            idempotency_key, hash)
+    SELECT $1, $2, 'message.appended', $3, $4::jsonb, $5, $6, $7, $8 FROM s
+)
+SELECT view_tokens FROM s
+"""
+
+#: The same append for many sessions at once (see batching.py): one round trip, one commit.
+APPEND_MESSAGES = f"""
+WITH i AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::smallint[], $4::text[], $5::int[],
+                         $6::timestamptz[], $7::text[], $8::text[], $9::text[])
+        AS t(session_id, seq, version, data, tokens, created_at, idempotency_key, hash, prev)
+), l AS (  -- row locks in one global order: batches of two processes cannot deadlock
+    SELECT x.session_id FROM {S}.sessions x WHERE x.session_id IN (SELECT session_id FROM i)
+     ORDER BY x.session_id FOR NO KEY UPDATE
+), s AS (
+    UPDATE {S}.sessions x
+       SET head = i.seq, last_hash = i.hash, view_tokens = x.view_tokens + i.tokens,
+           view_count = x.view_count + 1
+      FROM i JOIN l ON l.session_id = i.session_id
+     WHERE x.session_id = i.session_id AND x.head = i.seq - 1 AND x.last_hash = i.prev
+ RETURNING x.session_id, x.head, x.view_tokens
+), e AS (
+    INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
+                            idempotency_key, hash)
+    SELECT i.session_id, i.seq, 'message.appended', i.version, i.data::jsonb, i.tokens,
+           i.created_at, i.idempotency_key, i.hash
+      FROM i JOIN s ON s.session_id = i.session_id AND s.head = i.seq
+)
+SELECT session_id, view_tokens FROM s
+"""
+
+#: Several messages to one session in one statement (``add_messages``, synthetic results
+#: before a message): one round trip, one commit, one seq per message, all or nothing.
+APPEND_SESSION_MESSAGES = f"""
+WITH s AS (
+    UPDATE {S}.sessions
+       SET head = $2::bigint + cardinality($3::bigint[]), last_hash = $9,
+           view_tokens = view_tokens + $10, view_count = view_count + cardinality($3::bigint[])
+     WHERE session_id = $1 AND head = $2 AND last_hash = $12
+ RETURNING view_tokens
+), e AS (
+    INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
+                            idempotency_key, hash)
+    SELECT $1, i.seq, 'message.appended', i.version, i.data::jsonb, i.tokens, $7, i.key, i.hash
+      FROM unnest($3::bigint[], $4::smallint[], $5::text[], $6::int[], $8::text[], $11::text[])
+           AS i(seq, version, data, tokens, hash, key), s
+)
+SELECT view_tokens FROM s
+"""
+
+SESSION_COLUMNS = (
+    "session_id, created_at, model, config::text, metadata::text, head, "
+    "last_hash, view_tokens, view_count"
+)
+VIEW_COLUMNS = "ord, seq, part, kind, message::text, tokens, critical"
+#: A message event in the implicit tail, in the same columns as a view_items row.
+_TAIL_ROW = (
+    f"e.seq * {ORD_STRIDE}, e.seq, 0, CASE WHEN e.data ->> 'origin' = 'synthetic'"
+    " THEN 'synthetic' ELSE 'message' END, (e.data -> 'message')::text, e.tokens,"
+    " coalesce((e.data ->> 'critical')::boolean, false)"
+)
+#: The view = the current generation's materialized rows + the message events after
+#: the watermark. Both parts are primary-key range scans: O(view), whatever the history.
+READ_VIEW = f"""
+WITH s AS (SELECT view_gen, view_base FROM {S}.sessions WHERE session_id = $1)
+SELECT {VIEW_COLUMNS} FROM {S}.view_items, s
+ WHERE session_id = $1 AND gen = s.view_gen
+UNION ALL
+SELECT {_TAIL_ROW} FROM {S}.events e, s
+ WHERE e.session_id = $1 AND e.seq > s.view_base AND e.type = 'message.appended'
+ORDER BY 1"""
+READ_BRANCH = f"""
+WITH s AS (SELECT branch_base FROM {S}.sessions WHERE session_id = $1)
+SELECT ord, (CASE WHEN e.type = 'messages.replaced' THEN e.data -> 'messages' -> b.part
+                  ELSE e.data -> 'message' END)::text
+  FROM {S}.branch_items b
+  JOIN {S}.events e ON e.session_id = b.session_id AND e.seq = b.seq
+ WHERE b.session_id = $1
+UNION ALL
+SELECT e.seq * {ORD_STRIDE}, (e.data -> 'message')::text FROM {S}.events e, s
+ WHERE e.session_id = $1 AND e.seq > s.branch_base AND e.type = 'message.appended'
+ORDER BY 1"""
+READ_BRANCH_REFS = f"""
+WITH s AS (SELECT branch_base FROM {S}.sessions WHERE session_id = $1)
+SELECT ord, seq, part FROM {S}.branch_items WHERE session_id = $1
+UNION ALL
+SELECT e.seq * {ORD_STRIDE}, e.seq, 0 FROM {S}.events e, s
+ WHERE e.session_id = $1 AND e.seq > s.branch_base AND e.type = 'message.appended'
+ORDER BY 1"""
+#: The text search configuration the ``events.search`` column is built with (0003).
+INDEX_TEXT_CONFIG = "english"
+#: Message events of the branch up to seq $3: the current branch, or (replays) the
+#: seqs in $5, the branch as of the replayed seq. Hashed subplans: O(1) per row.
+_ON_BRANCH = f"""
+ e.session_id = $1 AND e.type = 'message.appended' AND e.seq <= $3
+ AND (e.seq > (SELECT branch_base FROM {S}.sessions WHERE session_id = $1)
+      OR e.seq IN (SELECT seq FROM {S}.branch_items WHERE session_id = $1 AND part = 0))"""
+_ON_GIVEN_BRANCH = """
+ e.session_id = $1 AND e.type = 'message.appended' AND e.seq <= $3
+ AND e.seq IN (SELECT unnest($5::bigint[]))"""
+#: Lexical recall. The turn becomes lexemes through PostgreSQL's parser, dictionaries
+#: and stop words ($6 is the configuration); an OR of them finds the matching events
+#: of the branch (GIN). ``ts_rank_cd`` alone knows no document frequency and favours
+#: long documents (measured on bench/recall.py: 1 of 60 asked facts in its top 24),
+#: so each lexeme is weighted by its inverse document frequency over the branch (the
+#: counts come from the matches; N is $3), as BM25 does: a service's name outweighs
+#: "port". An event scores the weights of the lexemes it contains over 1 + ln(its
+#: distinct lexemes), times 1 + the ``ts_rank_cd`` of each (frequency and proximity,
+#: saturated); 51 of 60 in the top 24. What the request carries ($4) is left out;
+#: ties go to the newer event.
+_SEARCH = f"""
+WITH lq AS MATERIALIZED (
+    SELECT DISTINCT l, quote_literal(l)::tsquery AS q
+      FROM unnest(tsvector_to_array(to_tsvector($6::regconfig, $2))) AS l
+), m AS MATERIALIZED (
+    SELECT e.seq, {{vector}} AS v FROM {S}.events e
+     WHERE {{vector}} @@ (SELECT string_agg(quote_literal(l), ' | ')::tsquery FROM lq)
+       AND {{branch}}
+), w AS MATERIALIZED (
+    SELECT lq.q, ln(1 + (greatest($3, count(*)) - count(*) + 0.5) / (count(*) + 0.5))::float8 AS idf
+      FROM lq JOIN m ON m.v @@ lq.q GROUP BY lq.l, lq.q
+), c AS MATERIALIZED (
+    SELECT m.seq, sum(w.idf) / (1 + ln(max(length(m.v)))) AS coarse FROM m JOIN w ON m.v @@ w.q
+     WHERE m.seq NOT IN (SELECT unnest($4::bigint[]))
+     GROUP BY m.seq ORDER BY coarse DESC, m.seq DESC LIMIT 4 * $7
+)
+SELECT m.seq, max(c.coarse) * (1 + sum(ts_rank_cd(m.v, w.q, 2 | 32))) AS rank
+  FROM c JOIN m ON m.seq = c.seq JOIN w ON m.v @@ w.q
+ GROUP BY m.seq ORDER BY rank DESC, m.seq DESC LIMIT $7"""
+_UNINDEXED = "jsonb_to_tsvector($6::regconfig, e.data -> 'message', '[\"string\", \"numeric\"]')"
+
+
+def search_sql(*, indexed: bool, given_branch: bool) -> str:
+    """The recall search for the index's text search configuration or another one."""
+    return _SEARCH.format(
+        vector="e.search" if indexed else _UNINDEXED,
+        branch=_ON_GIVEN_BRANCH if given_branch else _ON_BRANCH,
+    )
+
+
+#: Embeddings for hybrid recall (created on first use where ``vector`` exists; not a
+#: migration, so servers without pgvector are unaffected). ``available_from`` is the
+#: head of the request that computed it: a replay at seq S uses those from <= S only.
+EMBEDDINGS_DDL = f"""
+CREATE TABLE IF NOT EXISTS {S}.event_embeddings (
+    session_id text NOT NULL,
+    model text NOT NULL,
+    seq bigint NOT NULL,
+    available_from bigint NOT NULL,
+    embedding vector NOT NULL,
+    PRIMARY KEY (session_id, model, seq)
+)"""
+UNEMBEDDED = f"""
+SELECT e.seq, (e.data -> 'message')::text FROM {S}.events e
+ WHERE {{branch}}
+   AND NOT EXISTS (SELECT 1 FROM {S}.event_embeddings x
+                    WHERE x.session_id = $1 AND x.model = $2 AND x.seq = e.seq)
+ ORDER BY e.seq = ANY($4::bigint[]) DESC, e.seq DESC LIMIT $5"""
+VECTOR_SEARCH = f"""
+WITH q AS (
+    SELECT embedding FROM {S}.event_embeddings
+     WHERE session_id = $1 AND model = $2 AND seq = $5 AND available_from <= $3
+)
+SELECT e.seq, x.embedding <=> q.embedding AS distance
+  FROM {S}.event_embeddings x
+  JOIN {S}.events e ON e.session_id = x.session_id AND e.seq = x.seq, q
+ WHERE x.session_id = $1 AND x.model = $2 AND x.available_from <= $3
+   AND x.seq NOT IN (SELECT unnest($4::bigint[])) AND {{branch}}
+ ORDER BY distance, e.seq DESC LIMIT $6"""
+RECALL_MESSAGES = f"""
+SELECT e.seq, (e.data -> 'message')::text, e.tokens FROM {S}.events e
+ WHERE e.seq IN (SELECT unnest($2::bigint[])) AND {{branch}}
+ ORDER BY e.seq"""
+EVENT_COLUMNS = (
+    "seq, position, type, version, data::text, tokens, created_at, idempotency_key, hash"
+)
+
+
+def _info(row: asyncpg.Record) -> SessionInfo:
+    return SessionInfo(
+        row[0],
+        row[1],
+        row[2],
+        json.loads(row[3]),
+        json.loads(row[4]),
+        row[5],
+        row[6],
+        row[7],
+        row[8],
+    )
+
+
+def _item(row: asyncpg.Record) -> ViewItem:
+    return ViewItem(
+        ref=(row[1], row[2]),
+        ord=row[0],
+        message=json.loads(row[4]),
+        tokens=row[5],
+        critical=row[6],
+        kind=row[3],
+    )
+
+
+def _is_result(item: ViewItem) -> bool:
+    return item.role == "tool" or bool(result_ids(item.message))
+
+
+def _event(session_id: str, row: asyncpg.Record) -> Event:
+    data = json.loads(row[4])
+    return Event(
+        session_id,
+        row[0],
+        decode(row[2], row[3], data),
+        row[6],
+        row[8],
+        row[5],
+        row[7],
+        row[1],
+        data,
+        row[3],
+    )
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool reset hook: nothing to undo (we never SET, LISTEN or take advisory locks).
+
+    asyncpg still rolls back an open transaction before calling this; its default
+    reset (``RESET ALL; CLOSE ALL; UNLISTEN *; ...``) cost a second round trip per
+    append (~136 µs, measured by bench/ledger.py).
+    """
+
+
+class PostgresStore(Store):
+    kind = "postgres"
+
+    def __init__(self, pool: asyncpg.Pool, dsn: str, *, hot_connections: int = 4) -> None:
+        self._pool = pool
+        self._dsn = dsn
+        self._heads: dict[str, tuple[int, str]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        # Appends run on connections kept out of the pool: acquiring and releasing a
+        # pooled connection per statement cost ~40-55 µs (bench/ledger.py).
+        self._idle: list[asyncpg.Connection] = []
+        self._lent = 0
+        self._closing = False
+        self._batcher = AppendBatcher(
+            self._append_one,
+            self._append_many,
+            rolled_back=lambda exc: (
+                isinstance(exc, asyncpg.PostgresError)
+                and not isinstance(exc, asyncpg.PostgresConnectionError)
+            ),
+        )
+        self._hot_max = hot_connections
+        self._vectors: bool | None = None  # pgvector present? (asked once)
+
+    @classmethod
+    @translated
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        tenant: str | None = None,
+        role: str | None = None,
+    ) -> PostgresStore:
+        """``tenant`` sets ``contextledger.tenant`` on every connection (the row-level
+        security key, and the default of every ``tenant_id`` column); ``role`` makes
+        the connections act as that database role (e.g. the service's, without
+        BYPASSRLS). Both are fixed for the connection's life: the pool never resets them.
+        """
+        settings = {"application_name": "contextledger"}
+        if tenant is not None:
+            settings["contextledger.tenant"] = tenant
+        if role is not None:
+            settings["role"] = role
+        try:
+            pool = await asyncpg.create_pool(
+                asyncpg_dsn(dsn),
+                min_size=min_size,
+                max_size=max_size,
+                server_settings=settings,
+                reset=_keep_session,
+            )
+        except Exception as exc:
+            typed = translate(exc)
+            if typed is None:
+                raise
+            typed.args = (f"cannot connect to {redact(dsn)}: {typed.args[0]}",)
+            raise typed from exc
+        assert pool is not None
+        return cls(pool, dsn, hot_connections=max(1, max_size // 2))
+
+    @translated
+    async def schema_revision(self) -> str | None:
+        try:
+            revision: str | None = await self._pool.fetchval(
+                f"SELECT version_num FROM {S}.alembic_version"
+            )
+            return revision
+        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError):
+            return None
+
+    @translated
+    async def require_revision(self, head: str) -> None:
+        current = await self.schema_revision()
+        if current != head:
+            raise MigrationRequired(
+                f"the database at {redact(self._dsn)} is at schema revision {current!r}, this "
+                f"code needs {head!r}. Run `contextledger migrate --dsn '{redact(self._dsn)}'`"
+                + (" with the real password" if redact(self._dsn) != self._dsn else "")
+                + " (or open the ledger with migrate=True).",
+                current=current,
+                required=head,
+            )
+
+    async def _append_one(self, row: tuple[Any, ...]) -> Any:
+        return await self._hot(lambda conn: conn.fetchval(APPEND_MESSAGE, *row))
+
+    async def _append_many(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        columns = [list(c) for c in zip(*rows, strict=True)]
+        records = await self._hot(lambda conn: conn.fetch(APPEND_MESSAGES, *columns))
+        return {r[0]: r[1] for r in records}
+
+    async def _hot(self, call: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
+        """``fetchval`` on a kept connection; falls back to the pool when all are busy.
+
+        A server-side error leaves the connection usable; anything else (a dropped
+        connection, a cancellation mid-query) hands it back to the pool, which
+        resets or replaces it.
+        """
+        if self._idle:
+            conn = self._idle.pop()
+        elif self._lent < self._hot_max:
+            self._lent += 1
+            try:
+                conn = await self._pool.acquire()
+            except BaseException:
+                self._lent -= 1
+                raise
+        else:
+            async with self._pool.acquire() as pooled:
+                return await call(pooled)
+        try:
+            result = await call(conn)
+        except asyncpg.PostgresError as exc:
+            if not isinstance(exc, asyncpg.PostgresConnectionError):
+                await self._give_back(conn)
+                raise
+            await self._drop(conn)
+            raise
+        except BaseException:
+            await self._drop(conn)
+            raise
+        await self._give_back(conn)
+        return result
+
+    async def _drop(self, conn: asyncpg.Connection) -> None:
+        """Hand a connection in an unknown state back to the pool, which resets or
+        replaces it."""
+        self._lent -= 1
+        try:
+            await self._pool.release(conn)
+        except Exception as exc:  # already broken: the pool has terminated it
+            log.debug("hot_connection_dropped", error=str(exc))
+
+    async def _give_back(self, conn: asyncpg.Connection) -> None:
+        if self._closing:  # close() is waiting for every connection to come home
+            self._lent -= 1
+            await self._pool.release(conn)
+        else:
+            self._idle.append(conn)
+
+    def _lock(self, session_id: str) -> asyncio.Lock:
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        return lock
+
+    # -- sessions ---------------------------------------------------------------------
+
+    @translated
+    async def create_session(
+        self, session_id: str, payload: SessionCreated, *, created_at: datetime
+    ) -> SessionInfo:
+        event = make_event(session_id, 1, payload, GENESIS_HASH, created_at=created_at)
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    f"INSERT INTO {S}.sessions (session_id, created_at, model, config, metadata,"
+                    " head, last_hash) VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, 1, $6)",
+                    session_id,
+                    created_at,
+                    payload.model,
+                    dumps(dict(payload.config)),
+                    dumps(dict(payload.metadata)),
+                    event.hash,
+                )
+                await conn.execute(
+                    f"INSERT INTO {S}.events (session_id, seq, type, version, data, tokens,"
+                    " created_at, hash) VALUES ($1, 1, $2, $3, $4::jsonb, 0, $5, $6)",
+                    session_id,
+                    event.type,
+                    event.version,
+                    dumps(event.payload.to_data()),
+                    created_at,
+                    event.hash,
+                )
+        except asyncpg.UniqueViolationError:
+            raise SessionExists(
+                f"session {session_id!r} already exists", session_id=session_id
+            ) from None
+        self._heads[session_id] = (1, event.hash)
+        return SessionInfo(
+            session_id,
+            created_at,
+            payload.model,
+            payload.config,
+            payload.metadata,
+            1,
+            event.hash,
+            0,
+            0,
+        )
+
+    @translated
+    async def session_info(self, session_id: str) -> SessionInfo:
+        row = await self._pool.fetchrow(
+            f"SELECT {SESSION_COLUMNS} FROM {S}.sessions WHERE session_id = $1", session_id
+        )
+        if row is None:
+            raise SessionNotFound.for_session(session_id)
+        info = _info(row)
+        self._heads[session_id] = (info.head, info.last_hash)
+        return info
+
+    @translated
+    async def list_sessions(self) -> list[SessionInfo]:
+        rows = await self._pool.fetch(
+            f"SELECT {SESSION_COLUMNS} FROM {S}.sessions ORDER BY created_at, session_id"
+        )
+        return [_info(r) for r in rows]
+
+    # -- appends ----------------------------------------------------------------------
+
+    @translated
+    async def append(
+        self,
+        session_id: str,
+        payloads: Sequence[Payload],
+        *,
+        created_at: datetime,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+        known: tuple[int, str] | None = None,
+    ) -> AppendResult:
+        async with self._lock(session_id):
+            if len(payloads) == 1 and isinstance(payloads[0], MessageAppended):
+                return await self._append_message(
+                    session_id, payloads[0], created_at, expected_seq, idempotency_key, known
+                )
+            if payloads and all(isinstance(p, MessageAppended) for p in payloads):
+                return await self._append_messages(
+                    session_id, payloads, created_at, expected_seq, idempotency_key, known
+                )
+            return await self._append_general(
+                session_id, payloads, created_at, expected_seq, idempotency_key, known
+            )
+
+    async def _check_target(
+        self,
+        conn: asyncpg.Connection | asyncpg.Pool,
+        session_id: str,
+        head: int,
+        last_hash: str,
+        known: tuple[int, str] | None,
+        expected_seq: int | None,
+    ) -> None:
+        """The shared pure decision (``check_append_target``) with the stored hash it needs."""
+        at = None
+        if known is not None and known != (head, last_hash) and 0 < known[0] <= head:
+            at = await conn.fetchval(
+                f"SELECT hash FROM {S}.events WHERE session_id = $1 AND seq = $2",
+                session_id,
+                known[0],
+            )
+        check_append_target(
+            session_id,
+            head=head,
+            last_hash=last_hash,
+            known=known,
+            hash_at_known=at,
+            expected_seq=expected_seq,
+        )
+
+    async def _head(self, session_id: str, *, fresh: bool = False) -> tuple[int, str]:
+        cached = None if fresh else self._heads.get(session_id)
+        if cached is None:
+            info = await self.session_info(session_id)
+            cached = (info.head, info.last_hash)
+        return cached
+
+    async def _append_message(
+        self,
+        session_id: str,
+        payload: MessageAppended,
+        created_at: datetime,
+        expected_seq: int | None,
+        key: str | None,
+        known: tuple[int, str] | None,
+    ) -> AppendResult:
+        head, last_hash = await self._head(session_id)
+        checked: tuple[int, str] | None = None  # the chain state last found admissible
+        for _ in range(_RETRIES):
+            if (head, last_hash) != checked and (
+                (known is not None and known != (head, last_hash))
+                or (expected_seq is not None and expected_seq != head)
+            ):
+                if checked is None:  # the cached head may be stale: decide on the stored one
+                    head, last_hash = await self._head(session_id, fresh=True)
+                if (
+                    expected_seq is not None
+                    and expected_seq != head
+                    and key is not None
+                    and await self._pool.fetchval(
+                        f"SELECT 1 FROM {S}.events WHERE session_id = $1 AND idempotency_key = $2",
+                        session_id,
+                        key,
+                    )
+                ):
+                    return await self._duplicate(session_id, key, payload.to_data())
+                await self._check_target(
+                    self._pool, session_id, head, last_hash, known, expected_seq
+                )
+                checked = (head, last_hash)
+            event = make_event(
+                session_id, head + 1, payload, last_hash, created_at=created_at, idempotency_key=key
+            )
+            data_json = (
+                event.encoded.decode() if event.encoded is not None else dumps(payload.to_data())
+            )
+            try:
+                view_tokens = await self._batcher.submit(
+                    (
+                        session_id,
+                        event.seq,
+                        event.version,
+                        data_json,
+                        event.tokens,
+                        created_at,
+                        key,
+                        event.hash,
+                        last_hash,
+                    )
+                )
+            except asyncpg.UniqueViolationError as exc:
+                if key is not None and "idempotency" in str(exc.constraint_name or ""):
+                    return await self._duplicate(session_id, key, payload.to_data())
+                raise
+            except asyncpg.ForeignKeyViolationError:
+                raise SessionNotFound.for_session(session_id) from None
+            except asyncpg.DeadlockDetectedError:  # our one row lock queued behind a cycle
+                view_tokens = None
+            if view_tokens is not None:
+                self._heads[session_id] = (event.seq, event.hash)
+                return AppendResult((event.seq,), False, view_tokens, event.hash)
+            # The head moved under us (another process) or the session is gone.
+            head, last_hash = await self._head(session_id, fresh=True)
+        raise ConcurrencyError(f"gave up appending to {session_id!r} after {_RETRIES} tries")
+
+    async def _append_messages(
+        self,
+        session_id: str,
+        payloads: Sequence[Payload],
+        created_at: datetime,
+        expected_seq: int | None,
+        key: str | None,
+        known: tuple[int, str] | None,
+    ) -> AppendResult:
+        """Many messages, one statement: the conditional head UPDATE (head and last hash,
+        so the chain is pinned) gates every INSERT."""
+        head, last_hash = await self._head(session_id)
+        for _ in range(_RETRIES):
+            if known is not None and known != (head, last_hash):
+                head, last_hash = await self._head(session_id, fresh=True)
+                await self._check_target(
+                    self._pool, session_id, head, last_hash, known, expected_seq
+                )
+            if expected_seq is not None and expected_seq != head:
+                head, last_hash = await self._head(session_id, fresh=True)
+                if expected_seq != head:
+                    if key is not None and await self._pool.fetchval(
+                        f"SELECT 1 FROM {S}.events WHERE session_id = $1 AND idempotency_key = $2",
+                        session_id,
+                        key,
+                    ):
+                        return await self._duplicate(session_id, key, payloads[-1].to_data())
+                    raise ConcurrencyError(
+                        f"expected head {expected_seq}, session {session_id!r} is at {head}",
+                        expected_seq=expected_seq,
+                        head=head,
+                    )
+            events: list[Event] = []
+            prev = last_hash
+            for n, payload in enumerate(payloads):
+                event = make_event(
+                    session_id,
+                    head + 1 + n,
+                    payload,
+                    prev,
+                    created_at=created_at,
+                    idempotency_key=key if n == len(payloads) - 1 else None,
+                )
+                events.append(event)
+                prev = event.hash
+            try:
+                view_tokens = await self._pool.fetchval(
+                    APPEND_SESSION_MESSAGES,
+                    session_id,
+                    head,
+                    [e.seq for e in events],
+                    [e.version for e in events],
+                    [
+                        e.encoded.decode() if e.encoded is not None else dumps(e.payload.to_data())
+                        for e in events
+                    ],
+                    [e.tokens for e in events],
+                    created_at,
+                    [e.hash for e in events],
+                    prev,
+                    sum(e.tokens for e in events),
+                    [e.idempotency_key for e in events],
+                    last_hash,
+                )
+            except asyncpg.UniqueViolationError as exc:
+                if key is not None and "idempotency" in str(exc.constraint_name or ""):
+                    return await self._duplicate(session_id, key, payloads[-1].to_data())
+                raise
+            if view_tokens is not None:
+                self._heads[session_id] = (events[-1].seq, events[-1].hash)
+                return AppendResult(tuple(e.seq for e in events), False, view_tokens, prev)
+            head, last_hash = await self._head(session_id, fresh=True)
+        raise ConcurrencyError(f"gave up appending to {session_id!r} after {_RETRIES} tries")
+
+    async def _duplicate(self, session_id: str, key: str, data: dict[str, Any]) -> AppendResult:
+        row = await self._pool.fetchrow(
+            f"SELECT seq, data::text FROM {S}.events WHERE session_id = $1"
+            " AND idempotency_key = $2",
+            session_id,
+            key,
+        )
+        assert row is not None
+        if json.loads(row[1]) != data:
+            raise IdempotencyConflict(
+                f"idempotency key {key!r} was used for a different event (seq {row[0]})", seq=row[0]
+            )
+        tokens = await self._pool.fetchval(
+            f"SELECT view_tokens FROM {S}.sessions WHERE session_id = $1", session_id
+        )
+        return AppendResult((row[0],), True, tokens)
+
+    async def _append_general(
+        self,
+        session_id: str,
+        payloads: Sequence[Payload],
+        created_at: datetime,
+        expected_seq: int | None,
+        key: str | None,
+        known: tuple[int, str] | None,
+    ) -> AppendResult:
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                f"SELECT head, last_hash, model, config::text, view_gen, view_base, branch_base"
+                f" FROM {S}.sessions WHERE session_id = $1 FOR UPDATE",
+                session_id,
+            )
+            if row is None:
+                raise SessionNotFound.for_session(session_id)
+            head, last_hash = row[0], row[1]
+            if key is not None:
+                dup = await conn.fetchrow(
+                    f"SELECT seq, data::text FROM {S}.events WHERE session_id = $1"
+                    " AND idempotency_key = $2",
+                    session_id,
+                    key,
+                )
+                if dup is not None:
+                    if json.loads(dup[1]) != payloads[-1].to_data():
+                        raise IdempotencyConflict(
+                            f"idempotency key {key!r} was used for a different event "
+                            f"(seq {dup[0]})",
+                            seq=dup[0],
+                        )
+                    return AppendResult((dup[0],), True)
+            await self._check_target(conn, session_id, head, last_hash, known, expected_seq)
+            view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
+            state = ViewState(head=head, view=view, model=row[2], config=json.loads(row[3]))
+            history: list[Event] | None = None
+
+            def state_at(seq: int) -> ViewState:
+                assert history is not None
+                return fold(history, until=seq)
+
+            if any(p.TYPE == "session.rolled_back" for p in payloads):
+                history = [
+                    _event(session_id, r)
+                    for r in await conn.fetch(
+                        f"SELECT {EVENT_COLUMNS} FROM {S}.events"
+                        " WHERE session_id = $1 ORDER BY seq",
+                        session_id,
+                    )
+                ]
+            step = record_events(
+                state,
+                session_id,
+                last_hash,
+                payloads,
+                created_at=created_at,
+                idempotency_key=key,
+                state_at=state_at if history else None,
+            )
+            await conn.executemany(
+                f"INSERT INTO {S}.events (session_id, seq, type, version, data, tokens,"
+                " created_at, idempotency_key, hash) VALUES ($1,$2,$3,$4,$5::jsonb,$6,$7,$8,$9)",
+                [
+                    (
+                        session_id,
+                        e.seq,
+                        e.type,
+                        e.version,
+                        dumps(e.payload.to_data()),
+                        e.tokens,
+                        e.created_at,
+                        e.idempotency_key,
+                        e.hash,
+                    )
+                    for e in step.events
+                ],
+            )
+            last = step.events[-1]
+            gen, view_base = await self._write_view(
+                conn, session_id, row[4], row[5], last.seq, view, step.state.view, step.events
+            )
+            branch_base = row[6]
+            if step.branch_reset:
+                await conn.execute(
+                    f"DELETE FROM {S}.branch_items WHERE session_id = $1", session_id
+                )
+                await conn.executemany(
+                    f"INSERT INTO {S}.branch_items (session_id, ord, seq, part)"
+                    " VALUES ($1, $2, $3, $4)",
+                    [(session_id, i.ord, i.ref[0], i.ref[1]) for i in step.state.branch],
+                )
+                branch_base = last.seq
+            await conn.execute(
+                f"UPDATE {S}.sessions SET head = $2, last_hash = $3, view_tokens = $4,"
+                " view_count = $5, config = $6::jsonb, model = $7, view_gen = $8,"
+                " view_base = $9, branch_base = $10 WHERE session_id = $1",
+                session_id,
+                last.seq,
+                last.hash,
+                step.state.view_tokens,
+                len(step.state.view),
+                dumps(dict(step.state.config)),
+                step.state.model,
+                gen,
+                view_base,
+                branch_base,
+            )
+        self._heads[session_id] = (last.seq, last.hash)
+        return AppendResult(
+            tuple(e.seq for e in step.events), False, step.state.view_tokens, last.hash
+        )
+
+    @staticmethod
+    async def _write_view(
+        conn: asyncpg.Connection,
+        session_id: str,
+        gen: int,
+        base: int,
+        head: int,
+        old: Sequence[ViewItem],
+        new: Sequence[ViewItem],
+        events: Sequence[Event],
+    ) -> tuple[int, int]:
+        """Bring the stored view from ``old`` to ``new``; return (generation, watermark).
+
+        If the new view is the old one plus this batch's appended messages, those
+        are already its implicit tail: nothing to write. Otherwise the whole view is
+        materialized under the next generation (the old one deleted, its dead rows
+        outside the range reads scan) and the watermark moves to ``head``.
+        """
+        appended = {e.seq for e in events if isinstance(e.payload, MessageAppended)}
+        grown = new[len(old) :]
+        if (
+            len(new) >= len(old)
+            and tuple(new[: len(old)]) == tuple(old)
+            and all(i.seq in appended and i.ref[1] == 0 for i in grown)
+        ):
+            return gen, base
+        await conn.execute(
+            f"DELETE FROM {S}.view_items WHERE session_id = $1 AND gen = $2", session_id, gen
+        )
+        await PostgresStore._insert_view(conn, session_id, gen + 1, new)
+        return gen + 1, head
+
+    @staticmethod
+    async def _insert_view(
+        conn: asyncpg.Connection, session_id: str, gen: int, items: Sequence[ViewItem]
+    ) -> None:
+        if items:
+            await conn.executemany(
+                f"INSERT INTO {S}.view_items (session_id, gen, ord, seq, part, kind, message,"
+                " tokens, critical) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)",
+                [
+                    (
+                        session_id,
+                        gen,
+                        i.ord,
+                        i.ref[0],
+                        i.ref[1],
+                        i.kind,
+                        dumps(dict(i.message)),
+                        i.tokens,
+                        i.critical,
+                    )
+                    for i in items
+                ],
+            )
+
+    # -- reads ------------------------------------------------------------------------
+
+    @translated
+    async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
+        rows = await self._pool.fetch(READ_VIEW, session_id)
+        if not rows:
+            await self.session_info(session_id)  # raises SessionNotFound
+        return tuple(_item(r) for r in rows)
+
+    @translated
+    async def read_view_tail(self, session_id: str, max_tokens: int) -> ViewTail:
+        """The tail of the view from the end, a page at a time (primary-key range scans):
+        O(max_tokens) rows, whatever the history; then the pinned items before it."""
+        async with (
+            self._pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            row = await conn.fetchrow(
+                f"SELECT head, view_tokens, view_gen, view_base FROM {S}.sessions"
+                " WHERE session_id = $1",
+                session_id,
+            )
+            if row is None:
+                raise SessionNotFound.for_session(session_id)
+            head, total, gen, base = row
+            got: list[ViewItem] = []  # newest first
+            size = 0
+
+            async def older() -> AsyncIterator[ViewItem]:
+                cursor = 2**62
+                while True:  # message events after the watermark, newest first
+                    rows = await conn.fetch(
+                        f"SELECT {_TAIL_ROW} FROM {S}.events e WHERE e.session_id = $1"
+                        " AND e.seq > $2 AND e.seq < $3 AND e.type = 'message.appended'"
+                        " ORDER BY e.seq DESC LIMIT 128",
+                        session_id,
+                        base,
+                        cursor,
+                    )
+                    for r in rows:
+                        yield _item(r)
+                    if len(rows) < 128:
+                        break
+                    cursor = rows[-1][1]
+                cursor = 2**62
+                while True:  # then the materialized rows of the current generation
+                    rows = await conn.fetch(
+                        f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1"
+                        " AND gen = $2 AND ord < $3 ORDER BY ord DESC LIMIT 128",
+                        session_id,
+                        gen,
+                        cursor,
+                    )
+                    for r in rows:
+                        yield _item(r)
+                    if len(rows) < 128:
+                        return
+                    cursor = rows[-1][0]
+
+            async for item in older():
+                if size + item.tokens > max_tokens and got and not _is_result(got[-1]):
+                    break  # full, and the tail does not start inside a tool unit
+                got.append(item)
+                size += item.tokens
+            tail = tuple(reversed(got))
+            start = tail[0].ord if tail else 2**62
+            pinned_rows = await conn.fetch(
+                f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 AND gen = $2"
+                " AND ord < $3 AND (critical OR kind = 'summary' OR message ->> 'role' = 'system'"
+                " OR message ->> 'role' = 'user')"
+                f" UNION ALL SELECT {_TAIL_ROW} FROM {S}.events e WHERE e.session_id = $1"
+                f" AND e.seq > $4 AND e.seq * {ORD_STRIDE} < $3 AND e.type = 'message.appended'"
+                " AND (coalesce((e.data ->> 'critical')::boolean, false)"
+                " OR e.data -> 'message' ->> 'role' IN ('system', 'user')) ORDER BY 1",
+                session_id,
+                gen,
+                start,
+                base,
+            )
+        candidates = [_item(r) for r in pinned_rows]
+        human = next((i.ref for i in reversed(candidates) if is_human_turn(i.message)), None)
+        pinned = tuple(
+            i
+            for i in candidates
+            if i.critical or i.kind == "summary" or i.role == "system" or i.ref == human
+        )
+        return ViewTail(tail, pinned, total - size, head)
+
+    @translated
+    async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
+        rows = await self._pool.fetch(READ_BRANCH, session_id)
+        if not rows:
+            await self.session_info(session_id)
+        return [json.loads(r[1]) for r in rows]
+
+    @translated_iter
+    async def read_events(
+        self,
+        session_id: str,
+        from_seq: int = 1,
+        to_seq: int | None = None,
+        *,
+        page: int = 2000,
+    ) -> AsyncIterator[Event]:
+        upper = to_seq if to_seq is not None else 2**62
+        cursor = from_seq
+        while True:
+            rows = await self._pool.fetch(
+                f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1"
+                " AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
+                session_id,
+                cursor,
+                upper,
+                page,
+            )
+            for row in rows:
+                yield _event(session_id, row)
+            if len(rows) < page:
+                return
+            cursor = rows[-1][0] + 1
+
+    @translated
+    async def search(
+        self,
+        session_id: str,
+        query: str,
+        *,
+        exclude: Collection[int],
+        upto_seq: int,
+        branch: Collection[int] | None,
+        limit: int,
+        text_config: str,
+    ) -> list[tuple[int, float]]:
+        sql = search_sql(indexed=text_config == INDEX_TEXT_CONFIG, given_branch=branch is not None)
+        args: list[Any] = [session_id, query, upto_seq, sorted(exclude)]
+        args += [sorted(branch) if branch is not None else None, text_config, limit]
+        if branch is None:  # $5 unused: keep the parameter list dense
+            sql = sql.replace("$6", "$5").replace("$7", "$6")
+            del args[4]
+        try:
+            rows = await self._pool.fetch(sql, *args)
+        except asyncpg.UndefinedObjectError as exc:  # an unknown text search configuration
+            raise InvalidArgument(
+                f"recall.text_search_config: {exc}", field="recall.text_search_config"
+            ) from None
+        return [(r[0], float(r[1])) for r in rows]
+
+    @translated
+    async def vectors_available(self) -> bool:
+        if self._vectors is None:
+            try:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                    await conn.execute(EMBEDDINGS_DDL)
+                self._vectors = True
+            except asyncpg.PostgresError as exc:  # no pgvector here (PG 15), or no right
+                log.info("recall_vectors_unavailable", error=str(exc))
+                self._vectors = False
+        return self._vectors
+
+    @translated
+    async def unembedded(
+        self, session_id: str, model: str, *, upto_seq: int, first: Collection[int], limit: int
+    ) -> list[Recalled]:
+        sql = UNEMBEDDED.format(branch=_ON_BRANCH)
+        rows = await self._pool.fetch(sql, session_id, model, upto_seq, sorted(first), limit)
+        return [Recalled(r[0], json.loads(r[1])) for r in rows]
+
+    @translated
+    async def store_embeddings(
+        self,
+        session_id: str,
+        model: str,
+        available_from: int,
+        vectors: Sequence[tuple[int, Sequence[float]]],
+    ) -> None:
+        if not vectors:
+            return
+        await self._pool.executemany(
+            f"INSERT INTO {S}.event_embeddings (session_id, model, seq, available_from,"
+            " embedding) VALUES ($1, $2, $3, $4, $5::text::vector) ON CONFLICT DO NOTHING",
+            [
+                (session_id, model, seq, available_from, "[" + ",".join(map(repr, vec)) + "]")
+                for seq, vec in vectors
+            ],
+        )
+
+    @translated
+    async def vector_search(
+        self,
+        session_id: str,
+        model: str,
+        query_seq: int,
+        *,
+        exclude: Collection[int],
+        upto_seq: int,
+        branch: Collection[int] | None,
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        if branch is None:
+            sql = VECTOR_SEARCH.format(branch=_ON_BRANCH)
+            given: list[Any] = []
+        else:
+            sql = VECTOR_SEARCH.format(branch=_ON_GIVEN_BRANCH.replace("$5", "$7"))
+            given = [sorted(branch)]
+        rows = await self._pool.fetch(
+            sql, session_id, model, upto_seq, sorted(exclude), query_seq, limit, *given
+        )
+        return [(r[0], float(r[1])) for r in rows]
+
+    @translated
+    async def recall_messages(
+        self,
+        session_id: str,
+        seqs: Collection[int],
+        *,
+        upto_seq: int,
+        branch: Collection[int] | None,
+    ) -> list[Recalled]:
+        if not seqs:
+            return []
+        if branch is None:
+            sql = RECALL_MESSAGES.format(branch=_ON_BRANCH)
+            rows = await self._pool.fetch(sql, session_id, sorted(seqs), upto_seq)
+        else:
+            sql = RECALL_MESSAGES.format(branch=_ON_GIVEN_BRANCH).replace("$5", "$4")
+            rows = await self._pool.fetch(sql, session_id, sorted(seqs), upto_seq, sorted(branch))
+        return [Recalled(r[0], json.loads(r[1]), r[2]) for r in rows]
+
+    @translated
+    async def checkpoints(self, session_id: str) -> list[Checkpoint]:
+        rows = await self._pool.fetch(
+            f"SELECT seq, data ->> 'label', created_at FROM {S}.events"
+            " WHERE session_id = $1 AND type = 'checkpoint.created' ORDER BY seq",
+            session_id,
+        )
+        return [Checkpoint(r[0], r[1], r[2]) for r in rows]
+
+    @translated
+    async def rebuild(self, session_id: str, *, repair: bool = True) -> RebuildReport:
+        async with self._lock(session_id), self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                f"SELECT view_tokens, view_count, view_gen, head FROM {S}.sessions"
+                " WHERE session_id = $1 FOR UPDATE",
+                session_id,
+            )
+            if row is None:
+                raise SessionNotFound.for_session(session_id)
+            events = [
+                _event(session_id, r)
+                for r in await conn.fetch(
+                    f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1 ORDER BY seq",
+                    session_id,
+                )
+            ]
+            expected = fold(events)
+            view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
+            branch = [(r[0], r[1], r[2]) for r in await conn.fetch(READ_BRANCH_REFS, session_id)]
+            diffs = compare_rows(expected.view, view, "view")
+            if branch != [(i.ord, i.ref[0], i.ref[1]) for i in expected.branch]:
+                diffs.append(
+                    f"branch: {len(branch)} stored rows differ from the "
+                    f"{len(expected.branch)} expected"
+                )
+            if (row[0], row[1]) != (expected.view_tokens, len(expected.view)):
+                diffs.append(
+                    f"session totals: stored {row[0]} tokens / {row[1]} items, "
+                    f"expected {expected.view_tokens} / {len(expected.view)}"
+                )
+            if diffs and repair:
+                await conn.execute(f"DELETE FROM {S}.view_items WHERE session_id = $1", session_id)
+                await conn.execute(
+                    f"DELETE FROM {S}.branch_items WHERE session_id = $1", session_id
+                )
+                gen = row[2] + 1
+                await self._insert_view(conn, session_id, gen, expected.view)
+                await conn.executemany(
+                    f"INSERT INTO {S}.branch_items (session_id, ord, seq, part)"
+                    " VALUES ($1, $2, $3, $4)",
+                    [(session_id, i.ord, i.ref[0], i.ref[1]) for i in expected.branch],
+                )
+                await conn.execute(
+                    f"UPDATE {S}.sessions SET view_tokens = $2, view_count = $3, view_gen = $4,"
+                    " view_base = $5, branch_base = $5 WHERE session_id = $1",
+                    session_id,
+                    expected.view_tokens,
+                    len(expected.view),
+                    gen,
+                    row[3],
+                )
+        if diffs:
+            log.warning(
+                "projection_rebuilt", session_id=session_id, differences=diffs, repaired=repair
+            )
+        return RebuildReport(session_id, tuple(diffs), bool(diffs) and repair)
+
+    @translated
+    async def purge(self, session_id: str, reason: str) -> int:
+        """The audited purge path (see the migration): removes a session entirely."""
+        async with self._lock(session_id):
+            try:
+                n: int = await self._pool.fetchval(
+                    f"SELECT {S}.purge_session($1, $2)", session_id, reason
+                )
+            except asyncpg.RaiseError as exc:
+                if "no session" in str(exc):
+                    raise SessionNotFound.for_session(session_id) from None
+                if "reason" in str(exc):
+                    raise InvalidArgument(
+                        "a purge needs a non-blank reason", field="reason"
+                    ) from None
+                raise
+        self._heads.pop(session_id, None)
+        return n
+
+    @translated
+    async def purges(self) -> list[dict[str, Any]]:
+        """The audit records of every purge: who removed which session, when and why."""
+        rows = await self._pool.fetch(
+            f"SELECT session_id, purged_at, purged_by, reason, events, last_hash "
+            f"FROM {S}.purges ORDER BY purged_at, session_id"
+        )
+        return [dict(r) for r in rows]
+
+    @translated
+    async def close(self) -> None:
+        await self._batcher.wait_idle()  # appends already accepted get their answer
+        self._closing = True
+        while self._idle:
+            self._lent -= 1
+            await self._pool.release(self._idle.pop())
+        await self._pool.close()

@@ -1,0 +1,83 @@
+"""The service on a real loopback port, inside the test's own event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+
+import asyncpg
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from contextledger.http.app import create_app
+from contextledger.http.keys import create_key
+from contextledger.http.settings import Settings
+from contextledger.store.dsn import asyncpg_dsn
+
+
+@dataclass
+class Running:
+    url: str
+    app: FastAPI
+    client: httpx.AsyncClient
+    server: uvicorn.Server
+
+
+@asynccontextmanager
+async def running_service(settings: Settings) -> AsyncIterator[Running]:
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError("the service stopped before it started")
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            yield Running(url, app, client, server)
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def new_key(dsn: str, tenant: str) -> str:
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        return (await create_key(conn, tenant))[1]
+    finally:
+        await conn.close()
+
+
+@contextmanager
+def service_in_thread(settings: Settings) -> Iterator[str]:
+    """The service on its own thread and loop, for synchronous clients (schemathesis)."""
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the service did not start")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -1,0 +1,253 @@
+"""Recall on both stores: what compaction left out comes back when the turn needs it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import pytest
+
+from contextledger import Ledger
+from contextledger.core.events import MessageAppended, SessionCreated
+from contextledger.session import Session
+from contextledger.store.migrate import upgrade
+from contextledger.store.postgres import PostgresStore
+from tests.fakellm import FakeLLM, running_fake_llm
+from tests.integration.conftest import PG_HOST, PG_PORT
+
+FACT = "Heads up: the orchard-api gateway binds to 18443 on staging."
+QUESTION = "Which port should the health check use for orchard-api in staging?"
+
+
+def recall_blocks(request: list[dict[str, Any]]) -> list[str]:
+    return [
+        str(m["content"])
+        for m in request
+        if isinstance(m.get("content"), str) and m["content"].startswith("<recall>")
+    ]
+
+
+async def chatter(session: Session, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        await session.add_message(
+            {"role": "user", "content": f"step {i}: please tidy the caching module " * 4}
+        )
+        await session.add_message(
+            {"role": "assistant", "content": f"done with step {i}, vacuum looks fine " * 4}
+        )
+
+
+async def planted(ledger: Ledger, config: dict[str, Any] | None = None) -> Session:
+    session = await ledger.session("r", config={"token_counter": "chars", **(config or {})})
+    await session.add_message({"role": "system", "content": "You are a coding agent."})
+    await session.add_message({"role": "user", "content": FACT})
+    await session.add_message({"role": "assistant", "content": "Noted."})
+    await chatter(session, 40)
+    await session.add_message({"role": "user", "content": QUESTION})
+    return session
+
+
+async def test_a_truncated_fact_comes_back_before_the_latest_turn(ledger: Ledger) -> None:
+    session = await planted(ledger)
+    included: list[dict[str, Any]] = []
+    session.hooks.on("context:include", lambda _n, data: included.append(data))
+    request = await session.get_messages_for_request(token_budget=2000)
+    blocks = recall_blocks(request)
+    assert len(blocks) == 1 and "[#3 user] " + FACT in blocks[0]
+    assert request[-1]["content"] == QUESTION and recall_blocks([request[-2]]) == blocks
+    assert request[0]["role"] == "system"
+    assert sum(session.counter.count_message(m) for m in request) <= 2000
+    assert included and included[-1]["source"] == "recall" and 3 in included[-1]["seqs"]
+
+
+async def test_recall_can_be_turned_off(ledger: Ledger) -> None:
+    session = await planted(ledger, {"recall": {"enabled": False}})
+    request = await session.get_messages_for_request(token_budget=2000)
+    assert not recall_blocks(request)
+    assert "18443" not in str(request)
+
+
+async def test_nothing_is_recalled_when_nothing_was_left_out(ledger: Ledger) -> None:
+    session = await ledger.session("small", config={"token_counter": "chars"})
+    await session.add_message({"role": "user", "content": FACT})
+    await session.add_message({"role": "user", "content": QUESTION})
+    request = await session.get_messages_for_request(token_budget=5000)
+    assert not recall_blocks(request) and len(request) == 2
+
+
+async def test_summarized_facts_come_back_and_request_at_reproduces(ledger: Ledger) -> None:
+    cfg = {"compaction_strategy": "summarize", "auto_compact": True}
+    session = await ledger.session("s", config={"token_counter": "chars", **cfg})
+    await session.add_message({"role": "user", "content": FACT})
+    sent: dict[int, list[dict[str, Any]]] = {}
+    for i in range(60):
+        await chatter(session, 1, start=i)
+        if i % 10 == 9:
+            await session.add_message({"role": "user", "content": QUESTION})
+            request = await session.get_messages_for_request(token_budget=3000)
+            sent[session.request_seq] = request  # a background summary may land after it
+    await session.close()  # summaries are made in the background: let the last one land
+    assert [e async for e in session.events() if e.type == "summary.recorded"]
+    last = max(sent)
+    assert any("18443" in b for b in recall_blocks(sent[last]))
+    for seq, request in sent.items():  # the ledger alone rebuilds every request
+        assert await session.request_at(seq, token_budget=3000) == request
+
+
+async def test_recall_follows_the_branch_after_a_rollback(ledger: Ledger) -> None:
+    session = await ledger.session("b", config={"token_counter": "chars"})
+    await session.add_message({"role": "user", "content": "we start the orchard-api work"})
+    point = await session.checkpoint("before")
+    await session.add_message({"role": "user", "content": FACT})  # abandoned below
+    await session.rollback(point)
+    await chatter(session, 40)
+    await session.add_message({"role": "user", "content": QUESTION})
+    request = await session.get_messages_for_request(token_budget=2000)
+    assert "18443" not in str(request)
+    assert any("orchard-api work" in b for b in recall_blocks(request))
+
+
+async def test_tool_units_come_back_whole(ledger: Ledger) -> None:
+    session = await ledger.session("t", config={"token_counter": "chars"})
+    await session.add_message({"role": "user", "content": "describe orchard-api please"})
+    await session.add_message(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "describe_service", "arguments": '{"name": "x"}'},
+                }
+            ],
+        }
+    )
+    await session.add_message(
+        {"role": "tool", "tool_call_id": "c1", "content": '{"owner": "mei@fernhill.io"}'}
+    )
+    await chatter(session, 40)
+    await session.add_message({"role": "user", "content": "Who is the owner of that service?"})
+    request = await session.get_messages_for_request(token_budget=2000)
+    (block,) = recall_blocks(request)
+    assert "[#3 assistant] describe_service(" in block
+    assert '[#4 tool result] {"owner": "mei@fernhill.io"}' in block
+
+
+async def test_an_unknown_text_search_configuration_is_a_typed_error(pg_ledger: Ledger) -> None:
+    session = await planted(pg_ledger, {"recall": {"text_search_config": "klingon"}})
+    with pytest.raises(Exception) as err:
+        await session.get_messages_for_request(token_budget=2000)
+    assert getattr(err.value, "code", None) == "INVALID_ARGUMENT"
+
+
+async def test_another_text_search_configuration_searches_without_the_index(
+    pg_ledger: Ledger,
+) -> None:
+    session = await planted(pg_ledger, {"recall": {"text_search_config": "simple"}})
+    request = await session.get_messages_for_request(token_budget=2000)
+    assert any("18443" in b for b in recall_blocks(request))
+
+
+async def test_migration_0003_backfills_existing_events(pg_dsn: str) -> None:
+    name = f"cl_mig_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(host=PG_HOST, port=PG_PORT, user="postgres", database="postgres")
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    dsn = f"postgresql://postgres@/{name}?host={PG_HOST}&port={PG_PORT}"
+    try:
+        await upgrade(dsn, "0002_view_generations")
+        store = await PostgresStore.connect(dsn)
+        try:
+            now = datetime.now(UTC)
+            await store.create_session("old", SessionCreated(None, {}, {}), created_at=now)
+            await store.append(
+                "old",
+                [MessageAppended({"role": "user", "content": FACT}, 12, False, "chars")],
+                created_at=now,
+            )
+            await upgrade(dsn)
+            found = await store.search(
+                "old",
+                QUESTION,
+                exclude=(),
+                upto_seq=2,
+                branch=None,
+                limit=5,
+                text_config="english",
+            )
+            assert [seq for seq, _ in found] == [2]
+        finally:
+            await store.close()
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture(name="fake_llm")
+def _fake_llm() -> Iterator[FakeLLM]:
+    with running_fake_llm() as fake:
+        yield fake
+
+
+HIDDEN = "Where it was, it was at 18443."  # only stop words in English, bar the value
+ASK = "So where was it?"
+
+
+async def test_hybrid_recall_finds_by_embedding_where_pgvector_exists(
+    pg_ledger: Ledger, fake_llm: FakeLLM
+) -> None:
+    recall = {
+        "engine": "hybrid",
+        "embedding_model": "openai/embedder",
+        "embedding_api_base": fake_llm.base_url,
+        "embedding_api_key": "sk-test",
+    }
+    # summaries are recorded, so the request is the replayed view: request_at is exact
+    cfg = {"compaction_strategy": "summarize", "auto_compact": True, "recall": recall}
+    session = await pg_ledger.session("h", config={"token_counter": "chars", **cfg})
+    await session.add_message({"role": "user", "content": HIDDEN})
+    await chatter(session, 40)
+    await session.add_message({"role": "user", "content": ASK})
+    sent = await session.get_messages_for_request(token_budget=3000)
+    embedded = list(fake_llm.embedded)
+    if await pg_ledger.store.vectors_available():  # PostgreSQL 18 with pgvector
+        assert any("18443" in b for b in recall_blocks(sent))  # full-text search alone: none
+        assert ASK in embedded and HIDDEN in embedded
+        assert fake_llm.calls("embedder")[0].headers["authorization"] == "Bearer sk-test"
+        # once per event: the next request embeds only what is new
+        await session.add_message({"role": "assistant", "content": "It was there."})
+        await session.add_message({"role": "user", "content": ASK + " again"})
+        await session.get_messages_for_request(token_budget=3000)
+        assert fake_llm.embedded[len(embedded) :] == [ASK + " again", "It was there."]  # turn first
+    else:  # PostgreSQL 15: no vector extension, lexical recall only, nothing embedded
+        assert not recall_blocks(sent) and embedded == []
+    # a replay rebuilds the request from the ledger and never calls the embedder
+    calls = len(fake_llm.embedded)
+    head = session.head
+    replayed = await session.request_at(head, token_budget=3000)
+    assert replayed == await session.get_messages_for_request(token_budget=3000)
+    assert len(fake_llm.embedded) == calls
+
+
+async def test_hybrid_recall_on_memory_is_lexical(fake_llm: FakeLLM) -> None:
+    recall = {"engine": "hybrid", "embedding_model": "openai/e", "embedding_api_base": "x"}
+    async with Ledger.open("memory://") as ledger:
+        session = await planted(ledger, {"recall": recall})
+        request = await session.get_messages_for_request(token_budget=2000)
+    assert any("18443" in b for b in recall_blocks(request))
+    assert fake_llm.embedded == []
+
+
+async def test_a_failing_embedder_leaves_lexical_recall(pg_ledger: Ledger) -> None:
+    recall = {
+        "engine": "hybrid",
+        "embedding_model": "openai/embedder",
+        "embedding_api_base": "http://127.0.0.1:9/v1",  # nothing listens there
+        "embedding_api_key": "k",
+    }
+    session = await planted(pg_ledger, {"recall": recall})
+    request = await session.get_messages_for_request(token_budget=2000)
+    assert any("18443" in b for b in recall_blocks(request))

@@ -1,0 +1,254 @@
+"""The REST API over a real PostgreSQL: every route is a Session/Ledger call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest_asyncio
+import structlog
+
+from contextledger import Ledger
+from contextledger.http.settings import Settings
+from contextledger.store.dsn import asyncpg_dsn
+from tests.integration.service_support import Running, running_service
+
+PROBLEM = "application/problem+json"
+
+
+@pytest_asyncio.fixture
+async def svc(pg_dsn: str) -> AsyncIterator[Running]:
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as running:
+        yield running
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+async def test_create_append_and_read_back(svc: Running, pg_dsn: str) -> None:
+    c = svc.client
+    r = await c.post("/v1/sessions", json={"session_id": "s1", "model": "gpt-4o"})
+    assert r.status_code == 201 and r.json()["head"] == 1
+    again = await c.post("/v1/sessions", json={"session_id": "s1"})
+    assert again.status_code == 409
+    assert again.headers["content-type"] == PROBLEM and again.json()["code"] == "SESSION_EXISTS"
+    r = await c.post("/v1/sessions/s1/messages", json={"message": user("hello")})
+    assert r.status_code == 201 and r.json() == {"seqs": [2], "head": 2}
+    assert r.headers["etag"] == '"2"'
+    r = await c.post(
+        "/v1/sessions/s1/messages",
+        json={"messages": [{"role": "assistant", "content": "hi"}, user("how are you")]},
+    )
+    assert r.json()["seqs"] == [3, 4]
+    branch = (await c.get("/v1/sessions/s1/messages")).json()["messages"]
+    assert [m["content"] for m in branch] == ["hello", "hi", "how are you"]
+    async with Ledger.open(pg_dsn) as ledger:  # the library sees exactly what the API wrote
+        session = await ledger.session("s1", create=False)
+        assert await session.get_messages() == branch
+        assert (await c.get("/v1/sessions/s1/context", params={"at": 3})).json()[
+            "messages"
+        ] == await session.request_at(3)
+
+
+async def test_idempotency_key_and_if_match(svc: Running) -> None:
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "s"})
+    headers = {"Idempotency-Key": "k1"}
+    first = await c.post("/v1/sessions/s/messages", json={"message": user("a")}, headers=headers)
+    retry = await c.post("/v1/sessions/s/messages", json={"message": user("a")}, headers=headers)
+    assert first.json()["seqs"] == retry.json()["seqs"] == [2]
+    other = await c.post("/v1/sessions/s/messages", json={"message": user("b")}, headers=headers)
+    assert other.status_code == 409 and other.json()["code"] == "IDEMPOTENCY_CONFLICT"
+    stale = await c.post(
+        "/v1/sessions/s/messages", json={"message": user("c")}, headers={"If-Match": '"1"'}
+    )
+    assert stale.status_code == 409
+    assert stale.json()["code"] == "CONCURRENCY_CONFLICT" and stale.json()["head"] == 2
+    fresh = await c.post(
+        "/v1/sessions/s/messages", json={"message": user("c")}, headers={"If-Match": '"2"'}
+    )
+    assert fresh.status_code == 201 and fresh.json()["head"] == 3
+
+
+async def test_a_rejected_batch_writes_nothing(svc: Running) -> None:
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "s"})
+    r = await c.post(
+        "/v1/sessions/s/messages", json={"messages": [user("fine"), {"role": "wizard"}]}
+    )
+    assert r.status_code == 422 and r.headers["content-type"] == PROBLEM
+    body = r.json()
+    assert body["code"] == "INVALID_MESSAGE" and body["index"] == 1 and body["field"] == "role"
+    assert (await c.get("/v1/sessions/s")).json()["head"] == 1
+    missing = await c.post("/v1/sessions/nope/messages", json={"message": user("x")})
+    assert missing.status_code == 404 and missing.json()["code"] == "SESSION_NOT_FOUND"
+    bad = await c.post("/v1/sessions/s/messages", json={"message": user("x"), "extra": 1})
+    assert bad.status_code == 422 and bad.json()["code"] == "INVALID_REQUEST"
+
+
+async def test_sessions_are_listed_page_by_page(svc: Running) -> None:
+    c = svc.client
+    ids = [f"p{i}" for i in range(5)]
+    for i in ids:
+        await c.post("/v1/sessions", json={"session_id": i})
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        params: dict[str, Any] = {"limit": 2} | ({"cursor": cursor} if cursor else {})
+        page = (await c.get("/v1/sessions", params=params)).json()
+        seen += [s["session_id"] for s in page["items"]]
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids and pages == 3
+    bad = await c.get("/v1/sessions", params={"cursor": "not-ours"})
+    assert bad.status_code == 422 and bad.json()["field"] == "cursor"
+
+
+async def test_checkpoint_rollback_replay_verify_compact_purge(svc: Running) -> None:
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "s"})
+    for i in range(6):
+        await c.post("/v1/sessions/s/messages", json={"message": user(f"turn {i} " * 20)})
+    cp = (await c.post("/v1/sessions/s/checkpoints", json={"label": "before"})).json()
+    assert cp["label"] == "before" and cp["seq"] == 8
+    await c.post("/v1/sessions/s/messages", json={"message": user("regretted")})
+    assert [x["label"] for x in (await c.get("/v1/sessions/s/checkpoints")).json()["items"]] == [
+        "before"
+    ]
+    rb = (await c.post("/v1/sessions/s/rollback", json={"to": "before"})).json()
+    view = (await c.get("/v1/sessions/s/view")).json()["messages"]
+    assert "regretted" not in json.dumps(view) and rb["head"] == 10
+    then = (await c.get("/v1/sessions/s/view", params={"at": 9})).json()["messages"]
+    assert then[-1]["content"] == "regretted"
+    small = (await c.get("/v1/sessions/s/context", params={"token_budget": 150})).json()
+    assert 0 < len(small["messages"]) < len(view)
+    nope = await c.post("/v1/sessions/s/rollback", json={"to": "never"})
+    assert nope.status_code == 404 and nope.json()["code"] == "CHECKPOINT_NOT_FOUND"
+    saved = (await c.post("/v1/sessions/s/compact", json={"token_budget": 150})).json()
+    assert saved["tokens_saved"] > 0
+    assert (await c.get("/v1/sessions/s/verify")).json() | {"events": 0} == {
+        "session_id": "s",
+        "ok": True,
+        "events": 0,
+        "first_bad_seq": None,
+        "reason": None,
+    }
+    no_reason = await c.delete("/v1/sessions/s")
+    assert no_reason.status_code == 422
+    purged = await c.delete("/v1/sessions/s", params={"reason": "test"})
+    assert purged.status_code == 200 and purged.json()["purged_events"] >= 11
+    assert (await c.get("/v1/sessions/s")).status_code == 404
+
+
+async def test_events_page_and_live_tail(svc: Running) -> None:
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "s"})
+    for i in range(4):
+        await c.post("/v1/sessions/s/messages", json={"message": user(str(i))})
+    page = (await c.get("/v1/sessions/s/events", params={"limit": 3})).json()
+    assert [e["seq"] for e in page["items"]] == [1, 2, 3] and page["next_from_seq"] == 4
+    rest = (await c.get("/v1/sessions/s/events", params={"from_seq": 4})).json()
+    assert [e["seq"] for e in rest["items"]] == [4, 5] and rest["next_from_seq"] is None
+
+    seen: list[int] = []
+
+    async def tail() -> None:
+        headers = {"Last-Event-ID": "4"}
+        async with c.stream("GET", "/v1/sessions/s/events/stream", headers=headers) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            async for line in r.aiter_lines():
+                if line.startswith("id: "):
+                    seen.append(int(line[4:]))
+                    if len(seen) == 2:
+                        return
+
+    reader = asyncio.create_task(tail())
+    await asyncio.sleep(0.3)
+    await c.post("/v1/sessions/s/messages", json={"message": user("live")})
+    await asyncio.wait_for(reader, 10)
+    assert seen == [5, 6]
+
+
+async def test_ops_endpoints_and_metrics(svc: Running) -> None:
+    c = svc.client
+    assert (await c.get("/healthz")).json() == {"status": "ok"}
+    ready = await c.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    await c.post("/v1/sessions", json={"session_id": "m"})
+    for i in range(3):
+        await c.post("/v1/sessions/m/messages", json={"message": user(f"x {i} " * 40)})
+    compacted = await c.post("/v1/sessions/m/compact", json={"token_budget": 200})
+    assert compacted.status_code == 200, compacted.text
+    assert compacted.json()["tokens_saved"] > 0
+    text = (await c.get("/metrics")).text
+    assert "contextledger_appends_total 3.0" in text
+    assert 'route="/v1/sessions/{session_id}/messages",status="201"} 3.0' in text
+    assert "contextledger_http_request_duration_seconds_bucket" in text
+    assert 'contextledger_compactions_total{ephemeral="False",strategy="truncate"} 1.0' in text
+    assert 'contextledger_pool_connections{tenant="local"}' in text
+    assert "contextledger_recall_hits_total 0.0" in text
+
+
+async def test_access_log_has_no_bodies_or_keys(svc: Running) -> None:
+    c = svc.client
+    with structlog.testing.capture_logs() as logs:
+        await c.post("/v1/sessions", json={"session_id": "log"})
+        await c.post(
+            "/v1/sessions/log/messages",
+            json={"message": user("my secret diary")},
+            headers={"Authorization": "Bearer cl_0123456789ab_" + "s" * 40},
+        )
+    lines = [entry for entry in logs if entry.get("event") == "request"]
+    assert [entry["route"] for entry in lines] == [
+        "/v1/sessions",
+        "/v1/sessions/{session_id}/messages",
+    ]
+    assert all(entry["status"] == 201 and entry["tenant"] == "local" for entry in lines)
+    dumped = json.dumps(logs, default=str)
+    assert "secret diary" not in dumped and "sssss" not in dumped
+
+
+async def test_graceful_shutdown_finishes_in_flight_appends(pg_dsn: str) -> None:
+    """Appends held up in the database when shutdown starts still complete and answer."""
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as running:
+        c = running.client
+        await c.post("/v1/sessions", json={"session_id": "g"})
+        await c.post("/v1/sessions/g/messages", json={"message": user("warm")})
+        blocker = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute(
+            "SELECT 1 FROM contextledger.sessions WHERE session_id = 'g' FOR UPDATE"
+        )
+        sends = [
+            asyncio.create_task(c.post("/v1/sessions/g/messages", json={"message": user(str(i))}))
+            for i in range(5)
+        ]
+        waiting = 0
+        for _ in range(500):  # until an append is blocked on the row lock
+            waiting = await blocker.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()"
+            )
+            if waiting:
+                break
+            await asyncio.sleep(0.01)
+        assert waiting
+        await asyncio.sleep(0.3)  # the other four reach the server and queue behind it
+        running.server.should_exit = True  # shutdown starts with all five in flight
+        await asyncio.sleep(0.3)
+        await tx.commit()
+        await blocker.close()
+        answers = await asyncio.gather(*sends)
+    assert [r.status_code for r in answers] == [201] * 5
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await ledger.session("g", create=False)
+        assert len(await session.get_messages()) == 6
+        assert (await session.verify()).ok

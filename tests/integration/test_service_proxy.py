@@ -1,0 +1,208 @@
+"""The OpenAI-compatible proxy, driven by the real ``openai`` SDK, upstream = fakellm."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import openai
+import pytest
+import pytest_asyncio
+from openai import AsyncOpenAI
+
+from contextledger import Ledger
+from contextledger.http.settings import Settings
+from tests.fakellm import FakeLLM, ok, running_fake_llm, server_error, tool_call
+from tests.integration.service_support import Running, running_service
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLLM]:
+    with running_fake_llm() as server:
+        yield server
+
+
+@pytest_asyncio.fixture
+async def svc(pg_dsn: str, fake: FakeLLM) -> AsyncIterator[Running]:
+    settings = Settings(
+        dsn=pg_dsn,
+        migrate=False,
+        upstream_api_base=fake.base_url,
+        upstream_api_key="upstream-secret",
+        proxy_token_budget=400,
+    )
+    async with running_service(settings) as running:
+        yield running
+
+
+def client(svc: Running, session: str) -> AsyncOpenAI:
+    return AsyncOpenAI(
+        base_url=f"{svc.url}/v1",
+        api_key="unused-in-local-mode",
+        default_headers={"X-Session-Id": session},
+        max_retries=0,
+    )
+
+
+async def branch(dsn: str, session_id: str) -> list[dict[str, Any]]:
+    async with Ledger.open(dsn) as ledger:
+        return await (await ledger.session(session_id, create=False)).get_messages()
+
+
+async def test_whole_history_resent_is_appended_once(
+    svc: Running, fake: FakeLLM, pg_dsn: str
+) -> None:
+    fake.script("m", [ok("Hello Ada."), ok("You are Ada.")])
+    oai = client(svc, "chat-1")
+    history: list[Any] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi, I'm Ada."},
+    ]
+    first = await oai.chat.completions.create(model="m", messages=history)
+    assert first.choices[0].message.content == "Hello Ada."
+    history += [first.choices[0].message.model_dump(), {"role": "user", "content": "Who am I?"}]
+    second = await oai.chat.completions.create(model="m", messages=history)
+    assert second.choices[0].message.content == "You are Ada."
+    stored = await branch(pg_dsn, "chat-1")
+    assert [(m["role"], m["content"]) for m in stored] == [
+        ("system", "Be brief."),
+        ("user", "Hi, I'm Ada."),
+        ("assistant", "Hello Ada."),
+        ("user", "Who am I?"),
+        ("assistant", "You are Ada."),
+    ]
+    sent = fake.calls("m")[1]
+    assert [m["content"] for m in sent.messages] == [m["content"] for m in stored[:4]]
+    assert sent.headers["authorization"] == "Bearer upstream-secret"
+    # a retry of the second request (the client never saw the answer) appends nothing
+    await oai.chat.completions.create(model="m", messages=history)
+    assert await branch(pg_dsn, "chat-1") == stored
+
+
+async def test_the_upstream_gets_the_budgeted_view(
+    svc: Running, fake: FakeLLM, pg_dsn: str
+) -> None:
+    oai = client(svc, "long")
+    history: list[Any] = []
+    for i in range(12):
+        history.append({"role": "user", "content": f"question {i} " + "lorem ipsum " * 30})
+        reply = await oai.chat.completions.create(model="m", messages=history)
+        history.append({"role": "assistant", "content": reply.choices[0].message.content})
+    last = fake.calls("m")[-1]
+    stored = await branch(pg_dsn, "long")
+    assert len(stored) == 24
+    assert len(last.messages) < 23  # the ledger keeps everything; the model got a fitted view
+    assert last.messages[-1]["content"] == history[-2]["content"]
+
+
+async def test_streaming_relays_chunks_and_records_the_reply(
+    svc: Running, fake: FakeLLM, pg_dsn: str
+) -> None:
+    fake.script("m", [ok("a streamed answer in pieces")])
+    oai = client(svc, "stream")
+    stream = await oai.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "go"}], stream=True
+    )
+    pieces = [c.choices[0].delta.content async for c in stream if c.choices]
+    assert len([p for p in pieces if p]) >= 2
+    assert "".join(p or "" for p in pieces) == "a streamed answer in pieces"
+    stored = await branch(pg_dsn, "stream")
+    assert stored[-1] == {"role": "assistant", "content": "a streamed answer in pieces"}
+
+
+async def test_tool_calls_round_trip(svc: Running, fake: FakeLLM, pg_dsn: str) -> None:
+    fake.script("m", [tool_call("weather", {"city": "Oslo"}, call_id="call_9"), ok("Sunny.")])
+    oai = client(svc, "tools")
+    tools: Any = [
+        {
+            "type": "function",
+            "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
+    history: list[Any] = [{"role": "user", "content": "Weather in Oslo?"}]
+    first = await oai.chat.completions.create(model="m", messages=history, tools=tools)
+    call = first.choices[0].message.tool_calls
+    assert call is not None and call[0].function.name == "weather"
+    assert fake.calls("m")[0].body["tools"][0]["function"]["name"] == "weather"
+    history += [
+        first.choices[0].message.model_dump(),
+        {"role": "tool", "tool_call_id": "call_9", "content": "sunny, 21C"},
+    ]
+    second = await oai.chat.completions.create(model="m", messages=history, tools=tools)
+    assert second.choices[0].message.content == "Sunny."
+    stored = await branch(pg_dsn, "tools")
+    assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
+    assert stored[1]["tool_calls"][0]["id"] == "call_9"
+    assert fake.calls("m")[1].messages[-1] == {
+        "role": "tool",
+        "tool_call_id": "call_9",
+        "content": "sunny, 21C",
+    }
+
+
+async def test_streamed_tool_call_is_recorded(svc: Running, fake: FakeLLM, pg_dsn: str) -> None:
+    fake.script("m", [tool_call("lookup", {"q": "x"}, call_id="call_s")])
+    oai = client(svc, "stream-tools")
+    stream = await oai.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "look it up"}], stream=True
+    )
+    names = [
+        t.function.name
+        async for c in stream
+        if c.choices and c.choices[0].delta.tool_calls
+        for t in c.choices[0].delta.tool_calls
+        if t.function is not None
+    ]
+    assert names == ["lookup"]
+    stored = await branch(pg_dsn, "stream-tools")
+    assert stored[-1]["tool_calls"][0]["function"] == {"name": "lookup", "arguments": '{"q": "x"}'}
+
+
+async def test_upstream_errors_and_missing_session(svc: Running, fake: FakeLLM) -> None:
+    fake.script("m", [server_error()])
+    oai = client(svc, "err")
+    with pytest.raises(openai.InternalServerError):
+        await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    anonymous = AsyncOpenAI(base_url=f"{svc.url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        await anonymous.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}]
+        )
+    assert "X-Session-Id" in str(info.value)
+    by_user = await anonymous.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], user="named-by-user"
+    )
+    assert by_user.choices[0].message.content
+    metrics = (await svc.client.get("/metrics")).text
+    assert 'contextledger_proxy_tokens_total{kind="prompt"}' in metrics
+
+
+async def test_the_clients_own_key_can_be_passed_through(pg_dsn: str, fake: FakeLLM) -> None:
+    settings = Settings(
+        dsn=pg_dsn, migrate=False, upstream_api_base=fake.base_url, pass_client_key=True
+    )
+    async with running_service(settings) as svc:
+        oai = AsyncOpenAI(
+            base_url=f"{svc.url}/v1",
+            api_key="sk-client-own",
+            default_headers={"X-Session-Id": "byok"},
+            max_retries=0,
+        )
+        await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert fake.calls("m")[-1].headers["authorization"] == "Bearer sk-client-own"
+
+
+async def test_a_rewritten_history_is_recorded_as_such(
+    svc: Running, fake: FakeLLM, pg_dsn: str
+) -> None:
+    oai = client(svc, "edited")
+    fake.script("m", [ok("first answer"), ok("second answer")])
+    await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "v1"}])
+    edited: list[Any] = [{"role": "user", "content": "v2, edited"}]
+    await oai.chat.completions.create(model="m", messages=edited)
+    stored = await branch(pg_dsn, "edited")
+    assert stored == [*edited, {"role": "assistant", "content": "second answer"}]
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await ledger.session("edited", create=False)
+        types = [e.type async for e in session.events()]
+    assert "messages.replaced" in types  # nothing lost: v1 and its answer stay in the ledger

@@ -1,0 +1,113 @@
+"""Finishing a request view: reasoning blocks for DeepSeek, signed thinking stripped."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from contextledger.core.compaction.finish import (
+    add_reasoning_block,
+    needs_reasoning_block,
+    strip_signed_thinking,
+)
+
+MESSAGES: list[dict[str, Any]] = [
+    {
+        "role": "user",
+        "content": "My name is Ada. Please move the ledger to PostgreSQL; the port is 8443.",
+    },
+    {
+        "role": "assistant",
+        "content": "Let's use asyncpg. I'll read the config first.",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "read_file", "arguments": '{"path": "service/config.yaml"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "db: sqlite\nport: 8443"},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "secret chain of thought", "signature": "sig=="},
+            {"type": "text", "text": "Config read. We decided to keep port 8443."},
+        ],
+    },
+    {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_9", "content": "ImportError: asyncpg"},
+            {"type": "text", "text": "It failed with ImportError, fix it please."},
+        ],
+    },
+]
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("deepseek-r1", True),
+        ("deepseek/deepseek-reasoner", True),
+        ("DeepSeek-V3", True),
+        ("openrouter/deepseek/deepseek-chat", True),
+        ("gpt-4o", False),
+        ("claude-sonnet-4-5", False),
+    ],
+)
+def test_needs_reasoning_block(model: str, expected: bool) -> None:
+    assert needs_reasoning_block(model) is expected
+
+
+def test_add_reasoning_block_returns_new_dict() -> None:
+    msg = {"role": "assistant", "content": [{"type": "text", "text": "summary"}]}
+    snapshot = copy.deepcopy(msg)
+    out = add_reasoning_block(msg)
+    assert msg == snapshot and "reasoning_content" not in msg
+    assert out["reasoning_content"] and out["content"] == msg["content"]
+    out["content"][0]["text"] = "changed"
+    assert msg == snapshot  # deep copy: no aliasing
+    assert add_reasoning_block({**msg, "reasoning_content": "real"})["reasoning_content"] == "real"
+
+
+def test_strip_signed_thinking_never_mutates() -> None:
+    msgs: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "t", "signature": "s1"},
+                {"type": "redacted_thinking", "data": "enc"},
+                {"type": "text", "text": "answer"},
+                {"type": "tool_use", "id": "t1", "name": "x", "input": {}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "thinking", "thinking": "only", "signature": "s2"}],
+        },
+        {
+            "role": "assistant",
+            "content": "ok",
+            "thinking_blocks": [{"type": "thinking", "thinking": "t", "signature": "s3"}],
+        },
+    ]
+    snapshot = copy.deepcopy(msgs)
+    out = strip_signed_thinking(msgs)
+    assert msgs == snapshot
+    assert out == [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "answer"},
+                {"type": "tool_use", "id": "t1", "name": "x", "input": {}},
+            ],
+        },
+        {"role": "assistant", "content": "ok"},
+    ]
+    out[1]["content"][0]["text"] = "mutated"
+    assert msgs == snapshot

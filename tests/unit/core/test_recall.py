@@ -1,0 +1,205 @@
+"""The pure recall picker: budget, whole tool units, original order, determinism."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contextledger.core.config import ContextConfig
+from contextledger.core.recall import (
+    RECALL_OPEN,
+    RecallBlock,
+    Recalled,
+    message_text,
+    pick,
+    place,
+    query_text,
+    units_of,
+)
+from contextledger.core.units import result_ids, tool_calls
+from contextledger.errors import ConfigError
+from tests.unit.strategies import (
+    COUNTER,
+    Spec,
+    anthropic_call,
+    anthropic_results,
+    assistant,
+    items,
+    openai_call,
+    openai_result,
+    user,
+)
+
+WORDS = ("port", "gateway", "18443", "owner", "ops@acme.io", "deploy", "schema", "freeze")
+
+
+@st.composite
+def left_out(draw: st.DrawFn) -> list[Recalled]:
+    """Seq-ordered left-out messages: plain turns and tool units, with gaps in seq."""
+    out: list[Recalled] = []
+    seq = draw(st.integers(1, 5))
+    for n in range(draw(st.integers(0, 12))):
+        text = " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=30)))
+        if draw(st.booleans()):
+            role = draw(st.sampled_from(["user", "assistant"]))
+            out.append(Recalled(seq, {"role": role, "content": text}))
+            seq += 1
+        else:
+            ids = [f"c{n}_{k}" for k in range(draw(st.integers(1, 3)))]
+            out.append(Recalled(seq, openai_call([(i, "grep") for i in ids])))
+            seq += 1
+            for i in ids:
+                out.append(Recalled(seq, openai_result(i, text)))
+                seq += 1
+        seq += draw(st.integers(0, 2))  # a gap: something in the view, or on no branch
+    return out
+
+
+@st.composite
+def recall_cases(draw: st.DrawFn) -> tuple[list[int], list[Recalled], int]:
+    messages = draw(left_out())
+    seqs = [m.seq for m in messages]
+    ranked = draw(st.permutations(seqs)) if seqs else []
+    ranked = ranked[: draw(st.integers(0, len(ranked)))]
+    return list(ranked), messages, draw(st.integers(0, 600))
+
+
+def _unit_seqs(messages: list[Recalled]) -> dict[int, tuple[int, ...]]:
+    return {r.seq: tuple(x.seq for x in unit) for unit in units_of(messages) for r in unit}
+
+
+@settings(max_examples=200, deadline=None)
+@given(recall_cases())
+def test_pick_keeps_budget_whole_units_order_and_is_deterministic(
+    case: tuple[list[int], list[Recalled], int],
+) -> None:
+    ranked, messages, budget = case
+    block = pick(ranked, messages, budget_tokens=budget, counter=COUNTER, query="q")
+    again = pick(ranked, list(reversed(messages)), budget_tokens=budget, counter=COUNTER, query="q")
+    assert block == again  # input order of the fetched messages does not matter
+    if block.message is None:
+        assert block.seqs == () and block.tokens == 0
+        return
+    assert block.tokens == COUNTER.count_message(block.message) <= budget
+    assert list(block.seqs) == sorted(block.seqs)  # original order
+    units = _unit_seqs(messages)
+    chosen = set(block.seqs)
+    for seq in block.seqs:
+        assert set(units[seq]) <= chosen  # tool units whole
+    # every chosen unit holds a ranked match
+    assert all(set(units[s]) & set(ranked) for s in block.seqs)
+    content = str(block.message["content"])
+    assert content.startswith(RECALL_OPEN)
+    assert all(f"[#{s} " in content for s in block.seqs)  # each line marked with its seq
+
+
+@settings(max_examples=100, deadline=None)
+@given(recall_cases())
+def test_a_bigger_share_never_recalls_less_of_the_best_match(
+    case: tuple[list[int], list[Recalled], int],
+) -> None:
+    ranked, messages, budget = case
+    small = pick(ranked, messages, budget_tokens=budget, counter=COUNTER)
+    large = pick(ranked, messages, budget_tokens=budget * 4 + 400, counter=COUNTER)
+    if ranked and small.seqs and ranked[0] in small.seqs:
+        assert ranked[0] in large.seqs
+
+
+def test_units_break_at_a_gap_and_take_their_results() -> None:
+    call = Recalled(3, openai_call([("a", "grep"), ("b", "grep")]))
+    ra, rb = Recalled(4, openai_result("a", "x")), Recalled(5, openai_result("b", "y"))
+    late = Recalled(7, openai_result("a", "z"))  # after a gap: its own unit
+    assert [tuple(r.seq for r in u) for u in units_of([call, ra, rb, late])] == [(3, 4, 5), (7,)]
+
+
+def test_a_matched_result_brings_its_call() -> None:
+    call = Recalled(10, openai_call([("k", "describe_service")]))
+    result = Recalled(11, openai_result("k", '{"owner": "ops@acme.io"}'))
+    block = pick([11], [call, result], budget_tokens=500, counter=COUNTER)
+    assert block.seqs == (10, 11)
+    assert "ops@acme.io" in str(block.message and block.message["content"])
+
+
+def test_a_unit_too_big_for_the_share_is_skipped_whole() -> None:
+    big = Recalled(2, user("gateway " * 400))
+    small = Recalled(9, user("the gateway port is 18443"))
+    block = pick([2, 9], [big, small], budget_tokens=120, counter=COUNTER)
+    assert block.seqs == (9,)
+    roomy = pick([2, 9], [big, small], budget_tokens=400, counter=COUNTER)
+    assert roomy.seqs == (2, 9)  # clipped to MAX_LINE_CHARS, the long one fits a bigger share
+    assert "[...]" in str(roomy.message and roomy.message["content"])
+
+
+def test_query_is_the_latest_human_turn_and_a_pending_call() -> None:
+    view = items(
+        [
+            user("old question about the schema"),
+            Spec(user("summary: we discussed ports"), kind="summary"),
+            user("which port does the gateway use?"),
+            anthropic_call([("t1", "read_file")], text="reading"),
+            anthropic_results([("t1", "ok")]),
+        ]
+    )
+    text = query_text(view)
+    assert "which port" in text and "reading" in text and "old question" not in text
+    assert query_text(items([assistant("hello")])) == ""
+
+
+def test_message_text_covers_tool_arguments_and_results() -> None:
+    call: dict[str, Any] = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "x",
+                "type": "function",
+                "function": {"name": "set_config", "arguments": '{"max_workers": 37}'},
+            }
+        ],
+    }
+    assert "set_config" in message_text(call) and "37" in message_text(call)
+    blocks = anthropic_results([("x", [{"type": "text", "text": "port 18443"}])])
+    assert "18443" in message_text(blocks)
+    assert tool_calls(call) and result_ids(blocks) == ("x",)
+
+
+def test_place_puts_the_block_before_the_latest_turn() -> None:
+    view = items([user("a"), assistant("b"), user("c"), openai_call([("z", "grep")])])
+    block = RecallBlock({"role": "user", "content": "<recall>x</recall>"}, (1,), 5, "c")
+    placed = place(view, block)
+    assert [i.message["content"] for i in placed][:4] == ["a", "b", "<recall>x</recall>", "c"]
+    assert [i.ord for i in placed] == sorted(i.ord for i in placed)
+    assert place(view, RecallBlock(None, (), 0, "")) == view
+    assert place(items([assistant("only")]), block) == items([assistant("only")])
+
+
+def test_recall_config_defaults_and_errors() -> None:
+    cfg = ContextConfig.from_mapping({})
+    assert cfg.recall.enabled and cfg.recall.share == 0.15 and cfg.recall.engine == "lexical"
+    merged = cfg.merged({"recall": {"share": 0.2}})
+    assert merged.recall.share == 0.2 and merged.recall.enabled
+    assert ContextConfig.from_mapping(merged.to_dict()) == merged
+    for bad, key in [
+        ({"share": 0}, "recall.share"),
+        ({"share": 0.9}, "recall.share"),
+        ({"enabled": "yes"}, "recall.enabled"),
+        ({"engine": "vector"}, "recall.engine"),
+        ({"engine": "hybrid"}, "recall.embedding_model"),
+        ({"text_search_config": "english; drop table"}, "recall.text_search_config"),
+        ({"max_matches": 0}, "recall.max_matches"),
+        ({"colour": 1}, "recall.colour"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            ContextConfig.from_mapping({"recall": bad})
+        assert err.value.details["key"] == key
+
+
+def test_embedding_key_is_redacted() -> None:
+    cfg = ContextConfig.from_mapping(
+        {"recall": {"engine": "hybrid", "embedding_model": "m", "embedding_api_key": "sk-1"}}
+    )
+    assert cfg.to_dict()["recall"]["embedding_api_key"] == "***"
+    assert cfg.recall.embedding_api_key == "sk-1"

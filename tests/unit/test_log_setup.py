@@ -1,0 +1,134 @@
+"""configure_logging: JSON without locals, stdlib records rendered, litellm tamed, idempotent."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import structlog
+
+from contextledger.log_setup import LITELLM_LOGGERS, configure_logging
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """configure_logging changes process-wide state: put it all back."""
+    root = logging.getLogger()
+    saved_root = (list(root.handlers), root.level)
+    saved_lite = {
+        name: (list(lg.handlers), lg.level, lg.propagate)
+        for name in LITELLM_LOGGERS
+        for lg in [logging.getLogger(name)]
+    }
+    yield
+    root.handlers[:] = saved_root[0]
+    root.setLevel(saved_root[1])
+    for name, (handlers, level, propagate) in saved_lite.items():
+        lg = logging.getLogger(name)
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate = propagate
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+
+
+def _lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
+
+
+#: Built at run time so the secret never appears in source lines a traceback may quote.
+SECRET = "-".join(["sk", "TOPSECRET", "123"])
+
+
+def _leaky(api_key: str) -> None:
+    prompt = f"summarize this for key {api_key}"  # noqa: F841 - a local: must never be logged
+    raise ValueError("provider rejected the request")
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_json_exception_has_no_locals() -> None:
+    out = io.StringIO()
+    configure_logging("json", stream=out, cache_loggers=False)
+    try:
+        _leaky(SECRET)
+    except ValueError:
+        structlog.get_logger("t").exception("summarize_failed", session_id="s-1")
+    text = out.getvalue()
+    assert SECRET not in text and "TOPSECRET" not in text
+    (line,) = _lines(out)
+    assert line["event"] == "summarize_failed" and line["level"] == "error"
+    assert line["logger"] == "t" and line["session_id"] == "s-1"
+    assert line["timestamp"].endswith("Z")
+    frames = line["exception"][0]["frames"]
+    assert frames and all("locals" not in f for f in frames)
+    assert line["exception"][0]["exc_value"] == "provider rejected the request"
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_console_exception_has_no_locals(tty: bool) -> None:
+    out = FakeTTY() if tty else io.StringIO()
+    configure_logging("console", stream=out, cache_loggers=False)
+    try:
+        _leaky(SECRET)
+    except ValueError:
+        structlog.get_logger("t").exception("summarize_failed")
+    text = out.getvalue()
+    assert "summarize_failed" in text and "provider rejected the request" in text
+    assert "TOPSECRET" not in text
+    assert ("\x1b[" in text) is tty  # colour only on a terminal
+
+
+def test_stdlib_and_litellm_records_render_once() -> None:
+    lite = logging.getLogger("LiteLLM")
+    lite.addHandler(logging.StreamHandler(io.StringIO()))  # what litellm does at import
+    out = io.StringIO()
+    configure_logging("json", stream=out, cache_loggers=False)
+    assert lite.handlers == [] and lite.level == logging.WARNING and lite.propagate
+    lite.info("noise that should be filtered")
+    lite.warning("rate limited %s", "openai/x", extra={"litellm_redacted": True, "attempt": 2})
+    logging.getLogger("sqlalchemy.engine").warning("pool exhausted")
+    lines = _lines(out)
+    assert [(ln["logger"], ln["event"]) for ln in lines] == [
+        ("LiteLLM", "rate limited openai/x"),
+        ("sqlalchemy.engine", "pool exhausted"),
+    ]
+    assert "litellm_redacted" not in lines[0] and lines[0]["attempt"] == 2
+
+
+def test_idempotent_and_contextvars() -> None:
+    out = io.StringIO()
+    configure_logging("json", stream=out, cache_loggers=False)
+    configure_logging("json", stream=out, cache_loggers=False)
+    ours = [h for h in logging.getLogger().handlers if h.__class__.__name__ == "_OurHandler"]
+    assert len(ours) == 1
+    structlog.contextvars.bind_contextvars(session_id="s-9")
+    structlog.get_logger("t").info("event_appended", seq=3)
+    assert _lines(out) == [pytest.approx(_lines(out)[0])]  # exactly one line
+    line = _lines(out)[0]
+    assert (line["session_id"], line["seq"], line["level"]) == ("s-9", 3, "info")
+
+
+def test_level_filters(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    configure_logging("json", level="WARNING", stream=out, cache_loggers=False)
+    structlog.get_logger("t").info("hidden")
+    structlog.get_logger("t").warning("shown")
+    assert [ln["event"] for ln in _lines(out)] == ["shown"]
+
+
+def test_format_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    monkeypatch.setenv("CONTEXTLEDGER_LOG_FORMAT", "json")
+    configure_logging(None, stream=out, cache_loggers=False)
+    structlog.get_logger("t").info("from_env")
+    assert _lines(out)[0]["event"] == "from_env"
+    with pytest.raises(ValueError, match="log format"):
+        configure_logging("xml", stream=out)  # type: ignore[arg-type]
