@@ -653,7 +653,7 @@ async def test_summarize_summarizes_in_the_background_without_auto_compact(
     sent = await session.get_messages_for_request(token_budget=budget)
     assert tokens(session, sent) <= budget
     assert sent[0]["role"] == "system" and sent[-1] == assistant(39)
-    assert await session.request_at(session.head, token_budget=budget) == sent
+    assert await session.request_at(session.request_seq, token_budget=budget) == sent
     await session.close()  # waits for the summary in flight
     [event] = await typed(session, "summary.recorded")
     assert event.payload.audit["trigger"] == "background"
@@ -663,7 +663,7 @@ async def test_summarize_summarizes_in_the_background_without_auto_compact(
     again = await session.get_messages_for_request(token_budget=budget)
     assert SUMMARY_1 in text_of(again) and tokens(session, again) <= budget
     assert again[-2:] == [user(100), assistant(100)]
-    assert await session.request_at(session.head, token_budget=budget) == again
+    assert await session.request_at(session.request_seq, token_budget=budget) == again
 
 
 async def test_a_failing_summarizer_never_blocks_or_loses_a_turn(
@@ -678,7 +678,7 @@ async def test_a_failing_summarizer_never_blocks_or_loses_a_turn(
         sent = await session.get_messages_for_request(token_budget=budget)
         assert tokens(session, sent) <= budget
         assert sent[-2:] == [user(i), assistant(i)]
-        assert await session.request_at(session.head, token_budget=budget) == sent
+        assert await session.request_at(session.request_seq, token_budget=budget) == sent
         await session.close()
     assert fake_llm.requests  # it was tried
     assert await typed(session, "summary.recorded") == []
@@ -709,7 +709,7 @@ async def test_auto_compact_summarizes_once_over_the_threshold(
     assert len(fake_llm.requests) == 1
     assert events[0].payload.message["content"] in text_of(again)
     assert again[-2:] == [user(100), assistant(100)]
-    assert await session.request_at(session.head, token_budget=budget) == again
+    assert await session.request_at(session.request_seq, token_budget=budget) == again
 
 
 async def test_deepseek_target_gets_reasoning_on_an_assistant_summary(

@@ -70,7 +70,7 @@ async def test_a_second_writer_in_another_process_is_seen_by_the_next_request(
         kept = convo[: -len(expected_tail)]
         assert kept and kept == convo_before[len(convo_before) - len(kept) :]
         assert sum(session.counter.count_message(m) for m in sent) <= budget
-        assert await session.request_at(session.head, token_budget=budget) == sent
+        assert await session.request_at(session.request_seq, token_budget=budget) == sent
 
 
 async def test_add_messages_is_atomic_with_one_seq_each(ledger: Ledger) -> None:

@@ -98,7 +98,7 @@ async def test_500_turns_stay_in_budget_with_rolling_summaries(
         added_tokens += session.counter.count_message(question)
 
         sent = await session.get_messages_for_request(token_budget=BUDGET)
-        sent_at.append((turn, session.head, sent))
+        sent_at.append((turn, session.request_seq, sent))
         assert _tokens(session, sent) <= BUDGET, f"turn {turn} over budget"
         assert sent[0]["role"] == "system" and sent[-1] == question
         if summaries_seen:  # the summary recorded so far serves this request

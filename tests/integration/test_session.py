@@ -181,7 +181,7 @@ async def test_request_prefix_is_stable_between_passes(ledger: Ledger) -> None:
         if sent[: len(prefix)] != prefix:
             changes += 1
         # what was sent is what a replay of the ledger reproduces
-        assert await session.request_at(session.head, token_budget=budget) == sent
+        assert await session.request_at(session.request_seq, token_budget=budget) == sent
         previous = sent
     assert changes <= 1
 
