@@ -169,35 +169,57 @@ _ON_BRANCH = f"""
 _ON_GIVEN_BRANCH = """
  e.session_id = $1 AND e.type = 'message.appended' AND e.seq <= $3
  AND e.seq IN (SELECT unnest($5::bigint[]))"""
-#: Lexical recall. The turn becomes lexemes through PostgreSQL's parser, dictionaries
-#: and stop words ($6 is the configuration); an OR of them finds the matching events
-#: of the branch (GIN). ``ts_rank_cd`` alone knows no document frequency and favours
-#: long documents (measured on bench/recall.py: 1 of 60 asked facts in its top 24),
-#: so each lexeme is weighted by its inverse document frequency over the branch (the
-#: counts come from the matches; N is $3), as BM25 does: a service's name outweighs
-#: "port". An event scores the weights of the lexemes it contains over 1 + ln(its
-#: distinct lexemes), times 1 + the ``ts_rank_cd`` of each (frequency and proximity,
-#: saturated); 51 of 60 in the top 24. What the request carries ($4) is left out;
+#: Lexical recall, in bounded work whatever the session's length. The turn becomes lexemes
+#: through PostgreSQL's parser, dictionaries and stop words ($6 is the configuration).
+#: Lexemes frequent in the session say little about what to recall (BM25 gives them almost
+#: no weight) but match most of the history, so each lexeme's frequency is estimated on the
+#: session's last ``SAMPLE`` messages and those in more than a quarter of them are dropped,
+#: the ``KEEP_RAREST`` rarest always kept (measured on bench/recall.py: a tenth dropped
+#: service names its questions need, 88% → 100%); the kept ones (at most ``MAX_LEXEMES``,
+#: rarest first) find the matching left-out events of the branch through the GIN index, the
+#: newest ``MAX_CANDIDATES`` at most. ``ts_rank_cd`` alone knows no document frequency and
+#: favours long documents (measured on bench/recall.py: 1 of 60 asked facts in its top 24),
+#: so each lexeme is weighted by its inverse document frequency (counted on the matches; N
+#: is $3), as BM25 does: a service's name outweighs "port". An event scores the weights of
+#: the lexemes it contains over 1 + ln(its distinct lexemes), times 1 + the ``ts_rank_cd``
+#: of each (frequency and proximity, saturated; computed once per match, which is 2-3x
+#: cheaper than joining back for the top ones). What the request carries ($4) is left out;
 #: ties go to the newer event.
+SAMPLE, KEEP_RAREST, MAX_LEXEMES, MAX_CANDIDATES = 256, 3, 16, 2048
 _SEARCH = f"""
 WITH lq AS MATERIALIZED (
     SELECT DISTINCT l, quote_literal(l)::tsquery AS q
       FROM unnest(tsvector_to_array(to_tsvector($6::regconfig, $2))) AS l
+), sample AS MATERIALIZED (
+    SELECT {{vector}} AS v FROM {S}.events e
+     WHERE e.session_id = $1 AND e.seq <= $3 AND e.seq > $3 - {2 * SAMPLE}
+       AND e.type = 'message.appended'
+     ORDER BY e.seq DESC LIMIT {SAMPLE}
+), df AS MATERIALIZED (
+    SELECT lq.l, lq.q, (SELECT count(*) FROM sample WHERE sample.v @@ lq.q) AS n FROM lq
+), rare AS MATERIALIZED (
+    SELECT l, q FROM (SELECT l, q, n, row_number() OVER (ORDER BY n, l) AS r FROM df) d
+     WHERE r <= {KEEP_RAREST} OR n <= greatest(8, (SELECT count(*) FROM sample) / 4)
+     ORDER BY n, l LIMIT {MAX_LEXEMES}
 ), m AS MATERIALIZED (
     SELECT e.seq, {{vector}} AS v FROM {S}.events e
-     WHERE {{vector}} @@ (SELECT string_agg(quote_literal(l), ' | ')::tsquery FROM lq)
-       AND {{branch}}
+     WHERE {{vector}} @@ (SELECT string_agg(quote_literal(l), ' | ')::tsquery FROM rare)
+       AND {{branch}} AND e.seq NOT IN (SELECT unnest($4::bigint[]))
+     ORDER BY e.seq DESC LIMIT {MAX_CANDIDATES}
+), hits AS MATERIALIZED (
+    SELECT m.seq, rare.l, length(m.v) AS size, ts_rank_cd(m.v, rare.q, 2 | 32) AS r
+      FROM m JOIN rare ON m.v @@ rare.q
 ), w AS MATERIALIZED (
-    SELECT lq.q, ln(1 + (greatest($3, count(*)) - count(*) + 0.5) / (count(*) + 0.5))::float8 AS idf
-      FROM lq JOIN m ON m.v @@ lq.q GROUP BY lq.l, lq.q
+    SELECT l, ln(1 + (greatest($3, count(*)) - count(*) + 0.5) / (count(*) + 0.5))::float8 AS idf
+      FROM hits GROUP BY l
 ), c AS MATERIALIZED (
-    SELECT m.seq, sum(w.idf) / (1 + ln(max(length(m.v)))) AS coarse FROM m JOIN w ON m.v @@ w.q
-     WHERE m.seq NOT IN (SELECT unnest($4::bigint[]))
-     GROUP BY m.seq ORDER BY coarse DESC, m.seq DESC LIMIT 4 * $7
+    SELECT hits.seq, sum(w.idf) / (1 + ln(max(hits.size))) AS coarse
+      FROM hits JOIN w USING (l)
+     GROUP BY hits.seq ORDER BY coarse DESC, hits.seq DESC LIMIT 4 * $7
 )
-SELECT m.seq, max(c.coarse) * (1 + sum(ts_rank_cd(m.v, w.q, 2 | 32))) AS rank
-  FROM c JOIN m ON m.seq = c.seq JOIN w ON m.v @@ w.q
- GROUP BY m.seq ORDER BY rank DESC, m.seq DESC LIMIT $7"""
+SELECT c.seq, c.coarse * (1 + s.r) AS rank
+  FROM c JOIN (SELECT seq, sum(r) AS r FROM hits GROUP BY seq) s USING (seq)
+ ORDER BY rank DESC, c.seq DESC LIMIT $7"""
 _UNINDEXED = "jsonb_to_tsvector($6::regconfig, e.data -> 'message', '[\"string\", \"numeric\"]')"
 
 
