@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import pytest_asyncio
@@ -206,3 +207,48 @@ async def test_a_rewritten_history_is_recorded_as_such(
         session = await ledger.session("edited", create=False)
         types = [e.type async for e in session.events()]
     assert "messages.replaced" in types  # nothing lost: v1 and its answer stay in the ledger
+
+
+async def test_an_edit_deep_in_a_longer_history_is_still_seen(
+    svc: Running, fake: FakeLLM, pg_dsn: str
+) -> None:
+    # the proxy remembers what the branch holds instead of reading it each call: an
+    # earlier message changed while the history grew must not slip past that memory
+    oai = client(svc, "deep-edit")
+    history: list[Any] = []
+    for i in range(3):
+        history.append({"role": "user", "content": f"q{i}"})
+        reply = await oai.chat.completions.create(model="m", messages=history)
+        history.append({"role": "assistant", "content": reply.choices[0].message.content})
+    history[2] = {"role": "assistant", "content": "an answer the client edited"}
+    history.append({"role": "user", "content": "q3"})
+    await oai.chat.completions.create(model="m", messages=history)
+    stored = await branch(pg_dsn, "deep-edit")
+    assert stored[:-1] == history
+    assert stored[-1]["role"] == "assistant"
+
+
+async def test_a_rest_append_between_proxy_calls_is_seen(
+    svc: Running, fake: FakeLLM, pg_dsn: str
+) -> None:
+    fake.script("m", [ok("a0"), ok("a1")])
+    oai = client(svc, "mixed")
+    history: list[Any] = [{"role": "user", "content": "q0"}]
+    await oai.chat.completions.create(model="m", messages=history)
+    async with httpx.AsyncClient(base_url=svc.url) as http:
+        note = {"role": "user", "content": "a note added through the REST API"}
+        response = await http.post("/v1/sessions/mixed/messages", json={"message": note})
+        assert response.status_code in (200, 201)
+    history += [{"role": "assistant", "content": "a0"}, {"role": "user", "content": "q1"}]
+    await oai.chat.completions.create(model="m", messages=history)
+    # the client's history no longer matches the branch: recorded as a rewrite, as
+    # when the proxy read the branch on every call
+    assert await branch(pg_dsn, "mixed") == [*history, {"role": "assistant", "content": "a1"}]
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await ledger.session("mixed", create=False)
+        contents = [
+            e.payload.message["content"]
+            async for e in session.events()
+            if e.type == "message.appended"
+        ]
+    assert "a note added through the REST API" in contents

@@ -15,7 +15,9 @@ import asyncio
 import hashlib
 import json
 import time
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -75,9 +77,64 @@ def common_prefix(stored: Sequence[Mapping[str, Any]], sent: Sequence[Mapping[st
     return n
 
 
+def _canonical(message: Mapping[str, Any]) -> bytes:
+    return json.dumps(essence(message), sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
 def position_key(kind: str, position: int, message: Mapping[str, Any]) -> str:
-    text = json.dumps(essence(message), sort_keys=True, separators=(",", ":"), default=str)
-    return f"proxy:{kind}:{position}:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+    return f"proxy:{kind}:{position}:" + hashlib.sha256(_canonical(message)).hexdigest()[:32]
+
+
+def roll(digest: bytes, messages: Sequence[Mapping[str, Any]]) -> bytes:
+    """A running digest over messages' essences: equal digests, equal prefixes."""
+    for message in messages:
+        digest = hashlib.sha256(digest + _canonical(message)).digest()
+    return digest
+
+
+@dataclass(slots=True)
+class _Prefix:
+    """What this process knows the session's branch holds, so the common prefix with a
+    resent history is found without reading the branch: valid while the session's head
+    is still ``head`` (any other write through this process moves it)."""
+
+    head: int
+    count: int
+    digest: bytes
+
+
+#: Per cached session (dropped with it). A miss costs one read of the branch, as before.
+_prefixes: weakref.WeakKeyDictionary[Session, _Prefix] = weakref.WeakKeyDictionary()
+
+
+async def _common_prefix(session: Session, sent: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """``(k, branch length)``: how many of ``sent`` the branch already holds, in O(sent)
+    hashing and no read when this process wrote the branch's last messages itself."""
+    known = _prefixes.get(session)
+    if (
+        known is not None
+        and known.head == session.head
+        and known.count <= len(sent)
+        and roll(b"", sent[: known.count]) == known.digest
+    ):
+        return known.count, known.count
+    head = session.head
+    branch = await session.get_messages()
+    _prefixes[session] = _Prefix(head, len(branch), roll(b"", branch))
+    return common_prefix(branch, sent), len(branch)
+
+
+def _extend(session: Session, head_before: int, seq: int | None, messages: list[Any]) -> None:
+    """Extend the known prefix by what was just appended, unless anyone else (or a
+    synthetic tool result) also wrote in between: then the next request reads."""
+    known = _prefixes.get(session)
+    if known is None:
+        return
+    if known.head != head_before or seq != head_before + len(messages):
+        _prefixes.pop(session, None)
+        return
+    known.head, known.count = seq, known.count + len(messages)
+    known.digest = roll(known.digest, messages)
 
 
 async def _session(tenants: Tenants, tenant: str, session_id: str, model: str) -> Session:
@@ -159,22 +216,26 @@ async def chat_completions(request: Request) -> Response:
         )
     started = time.perf_counter()
     session = await _session(tenants, tenant, session_id, model)
-    branch = await session.get_messages()
-    k = common_prefix(branch, sent)
-    retry = k == len(sent) and k < len(branch)
+    k, stored = await _common_prefix(session, sent)
+    retry = k == len(sent) and k < stored
     if retry:  # a resend of an earlier request: its reply is recorded already
         outgoing = [essence(m) for m in sent]
     else:
-        if k < len(branch):  # the client rewrote its history: record what it now holds
+        if k < stored:  # the client rewrote its history: record what it now holds
             await session.set_messages([essence(m) for m in sent])
+            _prefixes.pop(session, None)
         else:
             for i, m in enumerate(sent[k:], start=k):
-                await session.add_message(essence(m), idempotency_key=position_key("in", i, m))
+                before = session.head
+                seq = await session.add_message(
+                    essence(m), idempotency_key=position_key("in", i, m)
+                )
+                _extend(session, before, seq, [essence(m)])
             metrics.appends.inc(len(sent) - k)
         outgoing = await session.get_messages_for_request(
             token_budget=settings.proxy_token_budget, provider=Provider(model)
         )
-    position = max(len(sent), len(branch)) if not retry else -1
+    position = max(len(sent), stored) if not retry else -1
     litellm = await _litellm()
     kwargs = _upstream(settings, model, _client_key(request))
     extra = {k: v for k, v in body.items() if k not in OWN_FIELDS}
@@ -207,7 +268,9 @@ async def chat_completions(request: Request) -> Response:
 async def _record(session: Session, reply: dict[str, Any], position: int, metrics: Any) -> None:
     if reply.get("content") is None and not reply.get("tool_calls"):
         return
-    await session.add_message(reply, idempotency_key=position_key("out", position, reply))
+    before = session.head
+    seq = await session.add_message(reply, idempotency_key=position_key("out", position, reply))
+    _extend(session, before, seq, [reply])
     metrics.appends.inc()
 
 
