@@ -85,10 +85,17 @@ def position_key(kind: str, position: int, message: Mapping[str, Any]) -> str:
     return f"proxy:{kind}:{position}:" + hashlib.sha256(_canonical(message)).hexdigest()[:32]
 
 
-def roll(digest: bytes, messages: Sequence[Mapping[str, Any]]) -> bytes:
-    """A running digest over messages' essences: equal digests, equal prefixes."""
-    for message in messages:
-        digest = hashlib.sha256(digest + _canonical(message)).digest()
+def prefix_digest(messages: Sequence[Mapping[str, Any]], into: Any = None) -> Any:
+    """A running sha256 over the fields ``essence`` reads, as sent (pass ``into`` to extend
+    one). Equal digests mean equal essences; the reverse need not hold (a mismatch only
+    costs a read of the branch). ``repr``: ~2.5 us a message, half of ``json.dumps``."""
+    digest = into if into is not None else hashlib.sha256()
+    for m in messages:
+        role, content, calls = m.get("role"), m.get("content"), m.get("tool_calls")
+        text = repr((role, content, calls, m.get("name"), m.get("tool_call_id")))
+        raw = text.encode("utf-8", "surrogatepass")
+        digest.update(b"%d:" % len(raw))
+        digest.update(raw)
     return digest
 
 
@@ -100,7 +107,7 @@ class _Prefix:
 
     head: int
     count: int
-    digest: bytes
+    digest: Any  # hashlib's sha256 object, extended as messages are appended
 
 
 #: Per cached session (dropped with it). A miss costs one read of the branch, as before.
@@ -108,33 +115,39 @@ _prefixes: weakref.WeakKeyDictionary[Session, _Prefix] = weakref.WeakKeyDictiona
 
 
 async def _common_prefix(session: Session, sent: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-    """``(k, branch length)``: how many of ``sent`` the branch already holds, in O(sent)
-    hashing and no read when this process wrote the branch's last messages itself."""
+    """``(k, branch length)``: how many of ``sent`` the branch already holds. No read when
+    this process wrote the branch's last messages itself: one hash over what was sent."""
     known = _prefixes.get(session)
     if (
         known is not None
         and known.head == session.head
         and known.count <= len(sent)
-        and roll(b"", sent[: known.count]) == known.digest
+        and prefix_digest(sent[: known.count]).digest() == known.digest.digest()
     ):
         return known.count, known.count
     head = session.head
     branch = await session.get_messages()
-    _prefixes[session] = _Prefix(head, len(branch), roll(b"", branch))
-    return common_prefix(branch, sent), len(branch)
+    k = common_prefix(branch, sent)
+    if k == len(branch):  # remembered as the client sends it, so its next resend matches
+        _prefixes[session] = _Prefix(head, k, prefix_digest(sent[:k]))
+    else:
+        _prefixes.pop(session, None)
+    return k, len(branch)
 
 
-def _extend(session: Session, head_before: int, seq: int | None, messages: list[Any]) -> None:
+def _extend(
+    session: Session, head_before: int, seq: int | None, message: Mapping[str, Any]
+) -> None:
     """Extend the known prefix by what was just appended, unless anyone else (or a
     synthetic tool result) also wrote in between: then the next request reads."""
     known = _prefixes.get(session)
     if known is None:
         return
-    if known.head != head_before or seq != head_before + len(messages):
+    if known.head != head_before or seq != head_before + 1:
         _prefixes.pop(session, None)
         return
-    known.head, known.count = seq, known.count + len(messages)
-    known.digest = roll(known.digest, messages)
+    known.head, known.count = seq, known.count + 1
+    prefix_digest([message], into=known.digest)
 
 
 async def _session(tenants: Tenants, tenant: str, session_id: str, model: str) -> Session:
@@ -230,7 +243,7 @@ async def chat_completions(request: Request) -> Response:
                 seq = await session.add_message(
                     essence(m), idempotency_key=position_key("in", i, m)
                 )
-                _extend(session, before, seq, [essence(m)])
+                _extend(session, before, seq, m)
             metrics.appends.inc(len(sent) - k)
         outgoing = await session.get_messages_for_request(
             token_budget=settings.proxy_token_budget, provider=Provider(model)
@@ -270,7 +283,7 @@ async def _record(session: Session, reply: dict[str, Any], position: int, metric
         return
     before = session.head
     seq = await session.add_message(reply, idempotency_key=position_key("out", position, reply))
-    _extend(session, before, seq, [reply])
+    _extend(session, before, seq, reply)
     metrics.appends.inc()
 
 
