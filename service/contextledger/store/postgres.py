@@ -168,23 +168,23 @@ _ON_BRANCH = f"""
       OR e.seq IN (SELECT seq FROM {S}.branch_items WHERE session_id = $1 AND part = 0))"""
 _ON_GIVEN_BRANCH = """
  e.session_id = $1 AND e.type = 'message.appended' AND e.seq <= $3
- AND e.seq IN (SELECT unnest($5::bigint[]))"""
+ AND e.seq = ANY($5::bigint[])"""
 #: Lexical recall, in bounded work whatever the session's length. The turn becomes lexemes
 #: through PostgreSQL's parser, dictionaries and stop words ($6 is the configuration).
 #: Lexemes frequent in the session say little about what to recall (BM25 gives them almost
 #: no weight) but match most of the history, so each lexeme's frequency is estimated on the
 #: session's last ``SAMPLE`` messages and those in more than a quarter of them are dropped,
-#: the ``KEEP_RAREST`` rarest always kept (measured on bench/recall.py: a tenth dropped
-#: service names its questions need, 88% → 100%); the kept ones (at most ``MAX_LEXEMES``,
-#: rarest first) find the matching left-out events of the branch through the GIN index, the
-#: newest ``MAX_CANDIDATES`` at most. ``ts_rank_cd`` alone knows no document frequency and
-#: favours long documents (measured on bench/recall.py: 1 of 60 asked facts in its top 24),
-#: so each lexeme is weighted by its inverse document frequency (counted on the matches; N
-#: is $3), as BM25 does: a service's name outweighs "port". An event scores the weights of
-#: the lexemes it contains over 1 + ln(its distinct lexemes), times 1 + the ``ts_rank_cd``
-#: of each (frequency and proximity, saturated; computed once per match, which is 2-3x
-#: cheaper than joining back for the top ones). What the request carries ($4) is left out;
-#: ties go to the newer event.
+#: the ``KEEP_RAREST`` rarest kept unless in half of them (measured on bench/recall.py: a
+#: tenth dropped service names its questions need, 88% → 100%); the kept ones (at most
+#: ``MAX_LEXEMES``, rarest first) find the matching left-out events of the branch through
+#: the GIN index, the newest ``MAX_CANDIDATES`` at most. ``ts_rank_cd`` alone knows no
+#: document frequency and favours long documents (measured on bench/recall.py: 1 of 60 asked
+#: facts in its top 24), so each lexeme is weighted by its inverse document frequency
+#: (counted on the matches; N is $3), as BM25 does: a service's name outweighs "port". An
+#: event scores the weights of the lexemes it contains over 1 + ln(its distinct lexemes),
+#: times 1 + the ``ts_rank_cd`` of each (frequency and proximity, saturated; computed once
+#: per match, which is 2-3x cheaper than joining back for the top ones). What the request
+#: carries ($4) is left out; ties go to the newer event.
 SAMPLE, KEEP_RAREST, MAX_LEXEMES, MAX_CANDIDATES = 256, 3, 16, 2048
 _SEARCH = f"""
 WITH lq AS MATERIALIZED (
@@ -199,12 +199,13 @@ WITH lq AS MATERIALIZED (
     SELECT lq.l, lq.q, (SELECT count(*) FROM sample WHERE sample.v @@ lq.q) AS n FROM lq
 ), rare AS MATERIALIZED (
     SELECT l, q FROM (SELECT l, q, n, row_number() OVER (ORDER BY n, l) AS r FROM df) d
-     WHERE r <= {KEEP_RAREST} OR n <= greatest(8, (SELECT count(*) FROM sample) / 4)
+     WHERE n <= greatest(8, (SELECT count(*) FROM sample) / 4)
+        OR (r <= {KEEP_RAREST} AND 2 * n < (SELECT count(*) FROM sample))
      ORDER BY n, l LIMIT {MAX_LEXEMES}
 ), m AS MATERIALIZED (
     SELECT e.seq, {{vector}} AS v FROM {S}.events e
      WHERE {{vector}} @@ (SELECT string_agg(quote_literal(l), ' | ')::tsquery FROM rare)
-       AND {{branch}} AND e.seq NOT IN (SELECT unnest($4::bigint[]))
+       AND {{branch}} AND NOT e.seq = ANY($4::bigint[])
      ORDER BY e.seq DESC LIMIT {MAX_CANDIDATES}
 ), hits AS MATERIALIZED (
     SELECT m.seq, rare.l, length(m.v) AS size, ts_rank_cd(m.v, rare.q, 2 | 32) AS r
@@ -262,7 +263,7 @@ SELECT e.seq, x.embedding <=> q.embedding AS distance
  ORDER BY distance, e.seq DESC LIMIT $6"""
 RECALL_MESSAGES = f"""
 SELECT e.seq, (e.data -> 'message')::text, e.tokens FROM {S}.events e
- WHERE e.seq IN (SELECT unnest($2::bigint[])) AND {{branch}}
+ WHERE e.session_id = $1 AND e.seq = ANY($2::bigint[]) AND {{branch}}
  ORDER BY e.seq"""
 EVENT_COLUMNS = (
     "seq, position, type, version, data::text, tokens, created_at, idempotency_key, hash"
