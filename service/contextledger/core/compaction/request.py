@@ -141,7 +141,7 @@ class RequestPlanner:
             self._call_start = index
             self._pending = {c[0] for c in tool_calls(item.message)}
         else:
-            self._ustart.append(self._ustart[-1] if len(self._ustart) > 1 else index)
+            self._ustart.append(self._ustart[-1] if self._ustart else index)
             answered = set(result_ids(item.message))
             if not answered <= self._pending:
                 start = self._ustart[-1]  # an orphan result

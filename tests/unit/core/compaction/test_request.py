@@ -18,6 +18,7 @@ from contextledger.errors import CompactionError
 from tests.unit.strategies import (
     COUNTER,
     STRATEGY_NAMES,
+    Spec,
     assistant,
     configs,
     conversations,
@@ -164,6 +165,26 @@ def test_random_sessions_stay_valid_within_budget_and_replay_exactly(
             assert out[: len(sent)] == sent, "without a new pass the earlier view must not move"
         passes, fitted = planner.passes, planner.fitted
         sent = out
+
+
+def test_a_critical_call_first_in_the_view_keeps_its_result() -> None:
+    # found by the property test above: the result of the view's very first item was
+    # taken for a unit of its own, so the cut kept the pinned call and dropped its result
+    view = items(
+        [
+            Spec(openai_call([("call_0", "read_file")]), critical=True),
+            openai_result("call_0", "the"),
+            *(Spec(user("the"), critical=True) for _ in range(4)),
+            openai_call([("call_1", "run")]),
+        ]
+    )
+    config = ContextConfig.from_mapping({"keep_recent": 1})
+    planner = RequestPlanner(tokens(view), config, COUNTER)
+    for item in view:
+        planner.push(item)
+        out = planner.view()
+        assert provider_valid(m.message for m in out) == []
+    assert [i.ref for i in out][:2] == [(1, 0), (2, 0)]
 
 
 def _small_units(view: tuple[ViewItem, ...], budget: int) -> bool:
