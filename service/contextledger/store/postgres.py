@@ -265,6 +265,9 @@ RECALL_MESSAGES = f"""
 SELECT e.seq, (e.data -> 'message')::text, e.tokens FROM {S}.events e
  WHERE e.session_id = $1 AND e.seq = ANY($2::bigint[]) AND {{branch}}
  ORDER BY e.seq"""
+#: User messages read back from the tail's start to find the latest human turn (the
+#: others are tool results in Anthropic's shape): a bound, so reopening stays O(budget).
+LAST_USERS = 32
 EVENT_COLUMNS = (
     "seq, position, type, version, data::text, tokens, created_at, idempotency_key, hash"
 )
@@ -989,26 +992,36 @@ class PostgresStore(Store):
                 size += item.tokens
             tail = tuple(reversed(got))
             start = tail[0].ord if tail else 2**62
+            # pinned items, then the last few user messages (the latest human turn is
+            # among them): both by index, never every message before the tail
+            args = (session_id, gen, start, base)
             pinned_rows = await conn.fetch(
                 f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 AND gen = $2"
-                " AND ord < $3 AND (critical OR kind = 'summary' OR message ->> 'role' = 'system'"
-                " OR message ->> 'role' = 'user')"
+                " AND ord < $3 AND (critical OR kind = 'summary' OR message ->> 'role' = 'system')"
                 f" UNION ALL SELECT {_TAIL_ROW} FROM {S}.events e WHERE e.session_id = $1"
                 f" AND e.seq > $4 AND e.seq * {ORD_STRIDE} < $3 AND e.type = 'message.appended'"
                 " AND (coalesce((e.data ->> 'critical')::boolean, false)"
-                " OR e.data -> 'message' ->> 'role' IN ('system', 'user')) ORDER BY 1",
-                session_id,
-                gen,
-                start,
-                base,
+                " OR e.data -> 'message' ->> 'role' = 'system')",
+                *args,
             )
-        candidates = [_item(r) for r in pinned_rows]
-        human = next((i.ref for i in reversed(candidates) if is_human_turn(i.message)), None)
-        pinned = tuple(
-            i
-            for i in candidates
-            if i.critical or i.kind == "summary" or i.role == "system" or i.ref == human
-        )
+            user_rows = await conn.fetch(
+                f"(SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 AND gen = $2"
+                " AND ord < $3 AND message ->> 'role' = 'user' ORDER BY ord DESC LIMIT $5)"
+                f" UNION ALL (SELECT {_TAIL_ROW} FROM {S}.events e WHERE e.session_id = $1"
+                f" AND e.seq > $4 AND e.seq < $3 / {ORD_STRIDE} + 1"
+                f" AND e.seq * {ORD_STRIDE} < $3 AND e.type = 'message.appended'"
+                " AND e.data -> 'message' ->> 'role' = 'user' ORDER BY e.seq DESC LIMIT $5)"
+                " ORDER BY 1 DESC LIMIT $5",
+                *args,
+                LAST_USERS,
+            )
+        human = next(
+            (i for i in map(_item, user_rows) if is_human_turn(i.message)), None
+        )  # newest first
+        found = {i.ref: i for i in map(_item, pinned_rows)}
+        if human is not None:
+            found.setdefault(human.ref, human)
+        pinned = tuple(sorted(found.values(), key=lambda i: i.ord))
         return ViewTail(tail, pinned, total - size, head)
 
     @translated
