@@ -14,11 +14,11 @@ Layout (ledger session ids; each part percent-encoded, so ``:`` and ``/`` are sa
   ``create_session`` with the same id appends a new ``created`` marker). Each event
   message is an OpenAI-chat rendition (role, text; function calls and responses as text,
   so the ledger's view, recall and budgets work on it) with the ADK event under
-  ``"adk"`` exactly as ``Event.model_dump(mode="json", exclude_none=True)`` (what ADK's
-  own ``DatabaseSessionService`` stores), plus the session-scope state: in full when
-  the event changed it, else ``state_at`` (the seq of the message that holds it). So
-  reading a session never folds the history: the tail gives the state, and
-  ``GetSessionConfig`` reads only the events asked for.
+  ``"adk"`` as ``Event.model_dump(mode="json", exclude_none=True)`` writes it (what
+  ADK's own ``DatabaseSessionService`` stores; defaults left out too), plus the
+  session-scope state: in full when the event changed it, else ``state_at`` (the seq
+  of the message that holds it). So reading a session never folds the history: the
+  tail gives the state, and ``GetSessionConfig`` reads only the events asked for.
 - ``adk-app:{app}`` and ``adk-user:{app}:{user}``: ``app:`` and ``user:`` state, one
   snapshot message per change (read-modify-write pinned to the head, retried on a race).
 
@@ -36,6 +36,7 @@ from urllib.parse import quote
 
 from contextledger import (
     ConcurrencyError,
+    InvalidArgument,
     Ledger,
     MissingExtra,
     Session,
@@ -58,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
         missing=["google-adk"],
     ) from exc
 
-__all__ = ["LedgerSessionService", "ledger_session_id"]
+__all__ = ["InvalidAdkArgument", "LedgerSessionService", "ledger_session_id"]
 
 _STALE = (
     "The session has been modified in storage since it was loaded. "
@@ -70,13 +71,32 @@ _PAGE = 128
 _STATE_RETRIES = 8
 
 
+#: the ledger's limit on a session id
+_MAX_ID = 200
+
+
+class InvalidAdkArgument(InvalidArgument, ValueError):
+    """An app, user or session id the ledger cannot hold; nothing was written.
+
+    A ``ValueError`` too, as ADK's services raise for bad arguments."""
+
+
 def _part(value: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidAdkArgument(f"ids must be non-empty strings, not {value!r}", field="id")
     return quote(value, safe="")
 
 
 def ledger_session_id(app_name: str, user_id: str, session_id: str) -> str:
     """The ledger session that holds ADK session ``(app_name, user_id, session_id)``."""
-    return f"adk:{_part(app_name)}:{_part(user_id)}:{_part(session_id)}"
+    lid = f"adk:{_part(app_name)}:{_part(user_id)}:{_part(session_id)}"
+    if len(lid) > _MAX_ID:
+        raise InvalidAdkArgument(
+            f"app, user and session ids take {len(lid)} characters encoded as {lid[:40]!r}…; "
+            f"the ledger holds at most {_MAX_ID}",
+            field="session_id",
+        )
+    return lid
 
 
 def _app_state_id(app_name: str) -> str:
@@ -136,7 +156,9 @@ def event_message(event: Event) -> dict[str, Any]:
     """The ledger message for ``event``: a chat rendition plus the event itself."""
     role = "user" if event.content is not None and event.content.role == "user" else "assistant"
     message: dict[str, Any] = {"role": role, "content": _chat_text(event)}
-    message["adk"] = {"event": event.model_dump(mode="json", exclude_none=True)}
+    message["adk"] = {
+        "event": event.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+    }
     return message
 
 
@@ -177,9 +199,7 @@ class LedgerSessionService(BaseSessionService):
         model: str | None = None,
     ) -> None:
         if (ledger is None) == (dsn is None):
-            from contextledger import InvalidArgument
-
-            raise InvalidArgument("pass exactly one of ledger= or dsn=", field="ledger")
+            raise InvalidAdkArgument("pass exactly one of ledger= or dsn=", field="ledger")
         self._ledger = ledger
         self._dsn = dsn
         self._owns = ledger is None
@@ -207,19 +227,24 @@ class LedgerSessionService(BaseSessionService):
 
     # -- ledger plumbing -----------------------------------------------------------------
 
-    async def _handle(self, lid: str, *, fresh: bool = True) -> Session | None:
-        """The ledger session ``lid`` (None if absent); ``fresh`` re-reads its head."""
+    async def _handle(self, lid: str) -> tuple[Session, int] | None:
+        """The ledger session ``lid`` and its head now (None if absent).
+
+        A cached handle is not refreshed (that would make its next append re-read the
+        view's tail): the head comes from ``ledger.anchor``, and appends are pinned to
+        the head they were decided at with ``expected_seq`` whatever the handle saw.
+        """
+        ledger = await self._get_ledger()
         handle = self._handles.get(lid)
         try:
             if handle is None:
-                handle = await (await self._get_ledger()).session(lid, create=False)
+                handle = await ledger.session(lid, create=False)
                 self._handles[lid] = handle
-            elif fresh:
-                await handle.refresh()
+                return handle, handle.head
+            return handle, (await ledger.anchor(lid)).seq
         except SessionNotFound:
             self._handles.pop(lid, None)
             return None
-        return handle
 
     async def _create_handle(self, lid: str, metadata: dict[str, Any]) -> Session:
         ledger = await self._get_ledger()
@@ -227,10 +252,10 @@ class LedgerSessionService(BaseSessionService):
         self._handles[lid] = handle
         return handle
 
-    async def _tail(self, handle: Session) -> _Tail:
-        """The state and status at the handle's head, reading back only as far as needed."""
-        tail = _Tail(handle.head)
-        to = handle.head
+    async def _tail(self, handle: Session, head: int) -> _Tail:
+        """The state and status at ``head``, reading back only as far as needed."""
+        tail = _Tail(head)
+        to = head
         while to >= 1 and not tail.exists:
             start = max(1, to - 7)
             for ev in reversed([e async for e in handle.events(start, to)]):
@@ -270,10 +295,11 @@ class LedgerSessionService(BaseSessionService):
         return {}  # pragma: no cover - a state_at always names a snapshot
 
     async def _scoped_state(self, lid: str) -> dict[str, Any]:
-        handle = await self._handle(lid)
-        if handle is None or handle.head < 2:
+        ref = await self._handle(lid)
+        if ref is None or ref[1] < 2:
             return {}
-        async for ev in handle.events(handle.head, handle.head):
+        handle, head = ref
+        async for ev in handle.events(head, head):
             adk = _adk_part(ev)
             if adk is not None:
                 return dict(adk.get("state", {}))
@@ -281,17 +307,21 @@ class LedgerSessionService(BaseSessionService):
 
     async def _update_scoped(self, lid: str, delta: dict[str, Any], what: str) -> dict[str, Any]:
         """Merge ``delta`` into app or user state: read, merge, append pinned to the head."""
-        handle = await self._handle(lid)
-        if handle is None:
-            handle = await self._create_handle(lid, {"adk": what})
+        if await self._handle(lid) is None:
+            await self._create_handle(lid, {"adk": what})
         for _ in range(_STATE_RETRIES):
-            current = await self._scoped_state(lid)
+            ref = await self._handle(lid)
+            assert ref is not None
+            handle, head = ref
+            current: dict[str, Any] = {}
+            async for ev in handle.events(head, head):
+                adk = _adk_part(ev)
+                current = dict(adk.get("state", {})) if adk is not None else {}
             state = {**current, **delta}
             message = {"role": "system", "content": f"ADK {what} state", "adk": {"state": state}}
             try:
-                await handle.add_message(message, expected_seq=handle.head)
+                await handle.add_message(message, expected_seq=head)
             except ConcurrencyError:
-                await handle.refresh()
                 continue
             return state
         raise StaleSessionError(f"{what} state kept changing under this write; retry it")
@@ -323,14 +353,16 @@ class LedgerSessionService(BaseSessionService):
     ) -> AdkSession:
         sid = session_id if session_id is not None else str(uuid.uuid4())
         lid = ledger_session_id(app_name, user_id, sid)
-        handle = await self._handle(lid)
-        if handle is not None:
-            tail = await self._tail(handle)
+        ref = await self._handle(lid)
+        if ref is not None:
+            handle, head = ref
+            tail = await self._tail(handle, head)
             if tail.exists and not tail.deleted:
                 raise AlreadyExistsError(f"Session with id {sid} already exists.")
         else:
             meta = {"adk": {"app_name": app_name, "user_id": user_id, "session_id": sid}}
             handle = await self._create_handle(lid, meta)
+            head = handle.head
         deltas = _split_state(_jsonable(dict(state or {})))
         now = time.time()
         marker = {
@@ -339,9 +371,8 @@ class LedgerSessionService(BaseSessionService):
             "adk": {"created": now, "state": deltas["session"]},
         }
         try:
-            seq = await handle.add_message(marker, expected_seq=handle.head)
+            seq = await handle.add_message(marker, expected_seq=head)
         except ConcurrencyError as exc:  # created (or written) concurrently
-            await handle.refresh()
             raise AlreadyExistsError(f"Session with id {sid} already exists.") from exc
         assert seq is not None
         self._states[lid] = (seq, seq, deltas["session"])
@@ -365,16 +396,17 @@ class LedgerSessionService(BaseSessionService):
         config: GetSessionConfig | None = None,
     ) -> AdkSession | None:
         lid = ledger_session_id(app_name, user_id, session_id)
-        handle = await self._handle(lid)
-        if handle is None:
+        ref = await self._handle(lid)
+        if ref is None:
             return None
+        handle, head = ref
         limit = config.num_recent_events if config else None
         after = config.after_timestamp if config else None
         tail: _Tail | None = None
         events: list[Event] = []
         collecting = limit != 0
         page = _PAGE if limit is None else min(_PAGE, limit + 2)
-        to, done = handle.head, False
+        to, done = head, False
         while to >= 1 and not done:
             start = max(1, to - page + 1)
             for ev in reversed([e async for e in handle.events(start, to)]):
@@ -382,7 +414,7 @@ class LedgerSessionService(BaseSessionService):
                 if adk is None:
                     continue
                 if tail is None:
-                    tail = _Tail(handle.head)
+                    tail = _Tail(head)
                     self._read_marker(tail, adk, ev.seq)
                     if tail.deleted:
                         return None
@@ -405,11 +437,11 @@ class LedgerSessionService(BaseSessionService):
         assert tail.state_at is not None
         if tail.state is None:
             held = self._states.get(lid)
-            if held is not None and held[0] == handle.head:
+            if held is not None and held[0] == head:
                 tail.state = held[2]
             else:
                 tail.state = await self._state_at(handle, tail.state_at)
-        self._states[lid] = (handle.head, tail.state_at, tail.state)
+        self._states[lid] = (head, tail.state_at, tail.state)
         app = await self._scoped_state(_app_state_id(app_name))
         user = await self._scoped_state(_user_state_id(app_name, user_id))
         events.reverse()
@@ -421,7 +453,7 @@ class LedgerSessionService(BaseSessionService):
             events=events,
             last_update_time=tail.updated,
         )
-        session._storage_update_marker = str(handle.head)
+        session._storage_update_marker = str(head)
         return session
 
     async def list_sessions(
@@ -437,10 +469,10 @@ class LedgerSessionService(BaseSessionService):
             meta = info.metadata.get("adk") if isinstance(info.metadata, Mapping) else None
             if not isinstance(meta, Mapping):
                 continue
-            handle = await self._handle(info.session_id)
-            if handle is None:
+            ref = await self._handle(info.session_id)
+            if ref is None:
                 continue
-            tail = await self._tail(handle)
+            tail = await self._tail(*ref)
             if not tail.exists or tail.deleted:
                 continue
             uid = str(meta["user_id"])
@@ -462,10 +494,11 @@ class LedgerSessionService(BaseSessionService):
         """Append a tombstone: the session is gone for ADK, its history stays audited
         (``contextledger purge`` removes it from the ledger for good)."""
         lid = ledger_session_id(app_name, user_id, session_id)
-        handle = await self._handle(lid)
-        if handle is None:
+        ref = await self._handle(lid)
+        if ref is None:
             return
-        tail = await self._tail(handle)
+        handle, _ = ref
+        tail = await self._tail(*ref)
         if not tail.exists or tail.deleted:
             return
         tombstone = {
@@ -486,29 +519,29 @@ class LedgerSessionService(BaseSessionService):
         event = self._trim_temp_delta_state(event)
         lid = ledger_session_id(session.app_name, session.user_id, session.id)
         marker = session._storage_update_marker
-        handle = await self._handle(lid, fresh=marker is None)
-        if handle is None:
+        cached = self._handles.get(lid) if marker is not None else None
+        ref = (cached, int(marker)) if cached is not None and marker else await self._handle(lid)
+        if ref is None:
             raise SessionNotFoundError(f"Session {session.id} not found.")
+        handle, head = ref
         if marker is None:
             # A Session this service did not hand out: accept it only if it has seen
             # everything stored (ADK's fallback for marker-less sessions).
-            tail = await self._tail(handle)
+            tail = await self._tail(handle, head)
             if not tail.exists or tail.deleted:
                 raise SessionNotFoundError(f"Session {session.id} not found.")
             seen = session.events[-1].id if session.events else None
             if seen != tail.last_event_id:
                 raise StaleSessionError(_STALE)
-            expected = handle.head
+            expected = head
         else:
             expected = int(marker)
-            if handle.head < expected:
-                await handle.refresh()
         deltas = _split_state(_jsonable(dict(event.actions.state_delta or {})))
         held = self._states.get(lid)
         if held is not None and held[0] == expected:
             state_seq, state = held[1], held[2]
         else:
-            at = await self._tail(handle) if handle.head == expected else None
+            at = await self._tail(handle, expected) if expected <= head else None
             if at is None or not at.exists or at.deleted or at.state_at is None:
                 raise StaleSessionError(_STALE)
             state_seq, state = at.state_at, at.state or {}
@@ -521,7 +554,6 @@ class LedgerSessionService(BaseSessionService):
         try:
             seq = await handle.add_message(message, expected_seq=expected)
         except ConcurrencyError as exc:
-            await handle.refresh()
             raise StaleSessionError(_STALE) from exc
         assert seq is not None
         if deltas["session"]:

@@ -3,9 +3,9 @@
 - ``LedgerChatMessageHistory``: a ``BaseChatMessageHistory`` (sync and async). Each
   history is one ledger session; each LangChain message is one ledger message, an
   OpenAI-chat rendition (so the ledger's views, budgets, recall and summaries work on
-  it) carrying the LangChain message itself under ``"lc"`` as
-  ``messages_to_dict`` writes it, which is what comes back: lossless for every message
-  type, ``additional_kwargs``, ``response_metadata``, ids and content blocks.
+  it) carrying the LangChain message itself under ``"lc"`` (``message_to_dict``'s form
+  as JSON text), which is what comes back: lossless for every message type,
+  ``additional_kwargs``, ``response_metadata``, ids and content blocks.
 - ``LedgerAgentMemory``: for LangGraph agents, a ``pre_model_hook`` that records the new
   messages and hands the model the ledger's view fitted to the token budget, and a
   ``post_model_hook`` that records the reply. Run the agent without a checkpointer
@@ -130,7 +130,10 @@ def to_ledger_message(message: BaseMessage) -> dict[str, Any]:
         chat["tool_call_id"] = message.tool_call_id  # type: ignore[attr-defined]
     if role == "function":
         chat["name"] = message.name
-    chat["lc"] = message_to_dict(message)
+    # as JSON text: a flat message, which the ledger's request path copies shallowly
+    chat["lc"] = json.dumps(
+        message_to_dict(message), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+    )
     return chat
 
 
@@ -138,8 +141,8 @@ def from_ledger_message(message: Mapping[str, Any]) -> BaseMessage:
     """The LangChain message a ledger message holds (or the one its chat form makes:
     summaries and recalled context the ledger wrote itself carry no ``"lc"``)."""
     original = message.get("lc")
-    if isinstance(original, Mapping):
-        return messages_from_dict([dict(original)])[0]
+    if isinstance(original, str):
+        return messages_from_dict([json.loads(original)])[0]
     chat = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls", "name")}
     chat.setdefault("content", "")
     if chat.get("role") == "tool":
@@ -386,6 +389,8 @@ class LedgerAgentMemory:
         self._histories: dict[str, LedgerChatMessageHistory] = {}
         #: message ids recorded per thread (in this process; idempotency keys cover others)
         self._recorded: dict[str, set[str]] = {}
+        #: ledger message text -> LangChain message: a request converts only what is new
+        self._converted: dict[str, BaseMessage] = {}
         self.pre_model_hook: RunnableLambda[Any, dict[str, Any]] = RunnableLambda(
             self._pre_sync, afunc=self._pre, name="contextledger_pre_model_hook"
         )
@@ -450,7 +455,18 @@ class LedgerAgentMemory:
         thread = self._thread(config)
         session = await self._record(thread, self._messages(state))
         view = await session.get_messages_for_request(token_budget=self.token_budget)
-        return {"llm_input_messages": [from_ledger_message(m) for m in view]}
+        return {"llm_input_messages": [self._convert(m) for m in view]}
+
+    def _convert(self, message: Mapping[str, Any]) -> BaseMessage:
+        key = message.get("lc")
+        if not isinstance(key, str):
+            return from_ledger_message(message)
+        hit = self._converted.get(key)
+        if hit is None:
+            if len(self._converted) > 20_000:  # bounded: a few views' worth
+                self._converted.clear()
+            hit = self._converted[key] = from_ledger_message(message)
+        return hit
 
     async def _post(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
         await self._record(self._thread(config), self._messages(state)[-1:])

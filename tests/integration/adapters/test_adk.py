@@ -20,7 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextledger import InvalidArgument, Ledger
-from contextledger.adapters.adk import LedgerSessionService, ledger_session_id
+from contextledger.adapters.adk import (
+    InvalidAdkArgument,
+    LedgerSessionService,
+    ledger_session_id,
+)
 from tests.fakellm import FakeLLM, ok
 
 APP, USER = "weather-app", "ada"
@@ -214,6 +218,20 @@ async def test_constructed_from_a_dsn(pg_dsn: str) -> None:
     assert got is not None and len(got.events) == 1
     with pytest.raises(InvalidArgument):
         LedgerSessionService()
+
+
+async def test_bad_ids_are_typed_value_errors_and_write_nothing(ledger: Ledger) -> None:
+    service = LedgerSessionService(ledger=ledger)
+    before = len(await ledger.sessions())
+    for app, user, sid in (("a" * 150, "u", "s" * 60), ("", "u", "s"), (APP, USER, "")):
+        with pytest.raises(InvalidAdkArgument) as bad:
+            await service.create_session(app_name=app, user_id=user, session_id=sid)
+        assert isinstance(bad.value, ValueError) and bad.value.code == "INVALID_ARGUMENT"
+    assert len(await ledger.sessions()) == before
+    odd = await service.create_session(app_name="a:b/c", user_id="ü:1", session_id="x y")
+    got = await service.get_session(app_name="a:b/c", user_id="ü:1", session_id="x y")
+    assert got is not None and got.id == odd.id == "x y"
+    assert await service.get_session(app_name="a", user_id="b/c:ü", session_id="1:x y") is None
 
 
 # -- lossless: Event -> ledger -> Event ---------------------------------------------------

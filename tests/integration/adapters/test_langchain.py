@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -284,3 +286,24 @@ async def test_react_agent_remembers_across_runs_and_fits_the_budget(
     assert "old 0 " not in sent.text and len(sent.messages) < 41
     with pytest.raises(InvalidArgument, match="thread_id"):
         await agent2.ainvoke({"messages": [HumanMessage("no thread")]})
+
+
+def test_missing_extra_names_the_pip_command() -> None:
+    code = """
+import sys, importlib.abc
+import contextledger
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split('.')[0] in ('langchain_core', 'langgraph'):
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block())
+try:
+    import contextledger.adapters.langchain
+except contextledger.MissingExtra as exc:
+    print(exc.code, exc.details['extra'], str(exc))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert out.startswith("MISSING_EXTRA langchain ")
+    assert "pip install 'contextledger[langchain]'" in out
