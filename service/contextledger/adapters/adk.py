@@ -59,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
         missing=["google-adk"],
     ) from exc
 
-__all__ = ["InvalidAdkArgument", "LedgerSessionService", "ledger_session_id"]
+__all__ = ["InvalidAdkArgument", "LedgerSessionService", "copy_session", "ledger_session_id"]
 
 _STALE = (
     "The session has been modified in storage since it was loaded. "
@@ -565,3 +565,27 @@ class LedgerSessionService(BaseSessionService):
         session.last_update_time = event.timestamp
         committed: Event = self._commit_event_to_session(session, event)
         return committed
+
+
+async def copy_session(
+    source: BaseSessionService,
+    target: BaseSessionService,
+    *,
+    app_name: str,
+    user_id: str,
+    session_id: str,
+) -> AdkSession:
+    """Copy one ADK session between any two session services, either way: out of
+    ADK's ``DatabaseSessionService`` into the ledger, or back. The target is created
+    with the source's current state, then every event is appended in order (their
+    state deltas end where the source's state is). ``AlreadyExistsError`` if the
+    target has the id; ``SessionNotFoundError`` if the source has not."""
+    found = await source.get_session(app_name=app_name, user_id=user_id, session_id=session_id)
+    if found is None:
+        raise SessionNotFoundError(f"Session {session_id} not found.")
+    copied = await target.create_session(
+        app_name=app_name, user_id=user_id, state=dict(found.state), session_id=session_id
+    )
+    for event in found.events:
+        await target.append_event(copied, event.model_copy(deep=True))
+    return copied

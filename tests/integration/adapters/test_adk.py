@@ -23,6 +23,7 @@ from contextledger import InvalidArgument, Ledger
 from contextledger.adapters.adk import (
     InvalidAdkArgument,
     LedgerSessionService,
+    copy_session,
     ledger_session_id,
 )
 from tests.fakellm import FakeLLM, ok
@@ -232,6 +233,40 @@ async def test_bad_ids_are_typed_value_errors_and_write_nothing(ledger: Ledger) 
     got = await service.get_session(app_name="a:b/c", user_id="ü:1", session_id="x y")
     assert got is not None and got.id == odd.id == "x y"
     assert await service.get_session(app_name="a", user_id="b/c:ü", session_id="1:x y") is None
+
+
+async def test_copy_session_out_of_adks_database_store_and_back(ledger: Ledger) -> None:
+    from google.adk.sessions.database_session_service import DatabaseSessionService
+
+    theirs = DatabaseSessionService(db_url="sqlite+aiosqlite:///:memory:")
+    ours = LedgerSessionService(ledger=ledger)
+    try:
+        original = await theirs.create_session(
+            app_name=APP, user_id=USER, session_id="c", state={"a": 1, "user:u": "x"}
+        )
+        for i in range(5):
+            ev = user_event(f"m{i}", 6000.0 + i, state_delta={"a": i, "app:z": i})
+            await theirs.append_event(original, ev)
+        source = await theirs.get_session(app_name=APP, user_id=USER, session_id="c")
+        assert source is not None
+        copied = await copy_session(theirs, ours, app_name=APP, user_id=USER, session_id="c")
+        stored = await ours.get_session(app_name=APP, user_id=USER, session_id="c")
+        assert stored is not None and copied.id == "c"
+        assert stored.events == source.events and stored.state == source.state
+        back = DatabaseSessionService(db_url="sqlite+aiosqlite:///:memory:")
+        try:
+            await copy_session(ours, back, app_name=APP, user_id=USER, session_id="c")
+            again = await back.get_session(app_name=APP, user_id=USER, session_id="c")
+            assert again is not None
+            assert again.events == source.events and again.state == source.state
+        finally:
+            await back.close()
+        with pytest.raises(AlreadyExistsError):
+            await copy_session(theirs, ours, app_name=APP, user_id=USER, session_id="c")
+        with pytest.raises(SessionNotFoundError):
+            await copy_session(theirs, ours, app_name=APP, user_id=USER, session_id="none")
+    finally:
+        await theirs.close()
 
 
 # -- lossless: Event -> ledger -> Event ---------------------------------------------------

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import (
     AIMessage,
+    AnyMessage,
     BaseMessage,
     ChatMessage,
     FunctionMessage,
@@ -19,6 +20,7 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from langgraph.graph import END, START, MessagesState, StateGraph
 
 from contextledger import InvalidArgument, Ledger
 from contextledger.adapters.langchain import (
@@ -189,6 +191,50 @@ def test_sync_api_from_plain_sync_code(pg_dsn: str) -> None:
             await reader.aclose()
 
     assert [m.content for m in asyncio.run(read())] == ["async"]
+
+
+class _HookState(MessagesState):
+    llm_input_messages: list[AnyMessage]
+
+
+def test_agent_memory_hooks_in_a_sync_graph(pg_dsn: str) -> None:
+    from langgraph.graph import MessagesState
+
+    class S(MessagesState):
+        llm_input_messages: list[AnyMessage]
+
+    seen: list[int] = []
+
+    def model(state: dict[str, Any]) -> dict[str, Any]:
+        seen.append(len(state["llm_input_messages"]))
+        return {"messages": [AIMessage(f"answer {len(seen)}")]}
+
+    memory = LedgerAgentMemory(dsn=pg_dsn, model="gpt-4o")
+    graph = (
+        StateGraph(_HookState)
+        .add_node("pre", memory.pre_model_hook)
+        .add_node("model", model)
+        .add_node("post", memory.post_model_hook)
+        .add_edge(START, "pre")
+        .add_edge("pre", "model")
+        .add_edge("model", "post")
+        .add_edge("post", END)
+        .compile()
+    )
+    try:
+        for q in ("one", "two", "three"):
+            graph.invoke({"messages": [HumanMessage(q)]}, {"configurable": {"thread_id": "s"}})
+        assert seen == [1, 3, 5]  # each run saw the whole thread, from the ledger
+        assert [m.content for m in memory.history("s").messages] == [
+            "one",
+            "answer 1",
+            "two",
+            "answer 2",
+            "three",
+            "answer 3",
+        ]
+    finally:
+        memory.close()
 
 
 def test_sync_api_on_a_memory_ledger_says_what_to_do() -> None:
