@@ -8,7 +8,8 @@ imports a framework, and a missing extra raises ``MissingExtra`` with the pip co
 - ``contextledger.adapters.adk``: ``LedgerSessionService``, a Google ADK
   ``BaseSessionService`` (``[adk]``).
 - ``contextledger.adapters.langchain``: ``LedgerChatMessageHistory``, a LangChain
-  ``BaseChatMessageHistory``, and ``LedgerCheckpointer``… see the module (``[langchain]``).
+  ``BaseChatMessageHistory``, and ``LedgerAgentMemory``, LangGraph pre/post-model hooks
+  that keep an agent's thread in the ledger and fit the prompt (``[langchain]``).
 - ``contextledger.adapters.pydantic_ai``: pydantic-ai message history and a history
   processor that fits the budget (``[pydantic-ai]``).
 """
