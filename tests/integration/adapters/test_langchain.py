@@ -353,3 +353,42 @@ except contextledger.MissingExtra as exc:
     ).stdout
     assert out.startswith("MISSING_EXTRA langchain ")
     assert "pip install 'contextledger[langchain]'" in out
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:RunnableWithMessageHistory is deprecated")
+async def test_runnable_with_message_history_over_the_ledger(
+    pg_ledger: Ledger, fake_llm: FakeLLM
+) -> None:
+    from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+    from langchain_core.runnables.history import RunnableWithMessageHistory
+    from langchain_openai import ChatOpenAI
+
+    fake_llm.script("x", [ok("Hello Ada."), ok("You are Ada.")])
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Be terse."), MessagesPlaceholder("history"), ("human", "{q}")]
+    )
+    llm = ChatOpenAI(model="x", base_url=fake_llm.base_url, api_key="test", max_retries=0)
+    chain = RunnableWithMessageHistory(
+        prompt | llm,
+        lambda sid: LedgerChatMessageHistory(sid, ledger=pg_ledger),
+        input_messages_key="q",
+        history_messages_key="history",
+    )
+    config: Any = {"configurable": {"session_id": "rwmh"}}
+    await chain.ainvoke({"q": "Hi, I'm Ada."}, config)
+    answer = await chain.ainvoke({"q": "Who am I?"}, config)
+    assert answer.content == "You are Ada."
+    assert [m["content"] for m in fake_llm.requests[-1].messages] == [
+        "Be terse.",
+        "Hi, I'm Ada.",
+        "Hello Ada.",
+        "Who am I?",
+    ]
+    stored = await LedgerChatMessageHistory("rwmh", ledger=pg_ledger).aget_messages()
+    assert [m.content for m in stored] == [
+        "Hi, I'm Ada.",
+        "Hello Ada.",
+        "Who am I?",
+        "You are Ada.",
+    ]
