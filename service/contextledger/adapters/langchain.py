@@ -1,0 +1,481 @@
+"""LangChain and LangGraph: chat history and agent memory kept in a contextledger.
+
+- ``LedgerChatMessageHistory``: a ``BaseChatMessageHistory`` (sync and async). Each
+  history is one ledger session; each LangChain message is one ledger message, an
+  OpenAI-chat rendition (so the ledger's views, budgets, recall and summaries work on
+  it) carrying the LangChain message itself under ``"lc"`` (``message_to_dict``'s form
+  as JSON text), which is what comes back: lossless for every message type,
+  ``additional_kwargs``, ``response_metadata``, ids and content blocks.
+- ``LedgerAgentMemory``: for LangGraph agents, a ``pre_model_hook`` that records the new
+  messages and hands the model the ledger's view fitted to the token budget, and a
+  ``post_model_hook`` that records the reply. Run the agent without a checkpointer
+  (or with ``InMemorySaver`` for interrupts within a run): the conversation lives in the
+  ledger, one row per message, instead of a full copy of the state per step. Why hooks
+  rather than a ``BaseCheckpointSaver``: a checkpointer is handed the whole state at
+  every step and cannot shape what the model sees; the hooks store only what is new
+  and fit the prompt, and the ledger brings its own checkpoints and rollback.
+
+The sync methods run on a loop thread of their own with their own connection pool
+(from ``dsn=``, or the ``dsn`` of the ``ledger=`` given), so they work from plain sync
+code; called from inside a running event loop they refuse (use the ``a*`` methods)
+rather than block the loop or deadlock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
+
+from contextledger import InvalidArgument, InvalidMessage, Ledger, MissingExtra, Session
+
+try:
+    from langchain_core.chat_history import BaseChatMessageHistory
+    from langchain_core.messages import (
+        AIMessage,
+        BaseMessage,
+        ChatMessage,
+        FunctionMessage,
+        SystemMessage,
+        ToolMessage,
+        convert_to_messages,
+        message_to_dict,
+        messages_from_dict,
+    )
+    from langchain_core.runnables import RunnableConfig, RunnableLambda
+except ImportError as exc:  # pragma: no cover - exercised without the extra installed
+    raise MissingExtra(
+        "contextledger.adapters.langchain needs langchain-core (and langgraph for agents), "
+        "which is not installed: pip install 'contextledger[langchain]'",
+        extra="langchain",
+        missing=["langchain-core"],
+    ) from exc
+
+__all__ = [
+    "InvalidLangChainMessage",
+    "LedgerAgentMemory",
+    "LedgerChatMessageHistory",
+    "from_ledger_message",
+    "to_ledger_message",
+]
+
+T = TypeVar("T")
+
+#: ChatMessage roles kept as they are (tool and function need ids a ChatMessage lacks)
+_CHAT_ROLES = {"user", "assistant", "system", "developer"}
+
+
+class InvalidLangChainMessage(InvalidMessage, ValueError):
+    """A message the ledger cannot hold (not JSON, unknown type): nothing was written.
+
+    A ``ValueError`` too, as LangChain raises for bad messages."""
+
+
+# -- messages ------------------------------------------------------------------------------
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    out: list[str] = []
+    for block in content if isinstance(content, list) else []:
+        if isinstance(block, str):
+            out.append(block)
+        elif isinstance(block, Mapping) and isinstance(block.get("text"), str):
+            out.append(block["text"])
+    return "\n".join(out)
+
+
+def _role(message: BaseMessage) -> str:
+    kind = message.type
+    if kind in ("human", "HumanMessageChunk"):
+        return "user"
+    if kind in ("ai", "AIMessageChunk"):
+        return "assistant"
+    if isinstance(message, SystemMessage):
+        return "system"
+    if isinstance(message, ToolMessage):
+        return "tool" if message.tool_call_id else "user"
+    if isinstance(message, FunctionMessage):
+        return "function"
+    if isinstance(message, ChatMessage):
+        return message.role if message.role in _CHAT_ROLES else "user"
+    return "user"
+
+
+def to_ledger_message(message: BaseMessage) -> dict[str, Any]:
+    """The ledger message for ``message``: a chat rendition plus the message itself."""
+    if not isinstance(message, BaseMessage):
+        raise InvalidLangChainMessage(
+            f"expected a LangChain BaseMessage, not {type(message).__name__}", field="message"
+        )
+    role = _role(message)
+    chat: dict[str, Any] = {"role": role, "content": _text(message.content)}
+    if isinstance(message, AIMessage) and message.tool_calls:
+        chat["tool_calls"] = [
+            {
+                "id": call.get("id") or f"call_{n}",
+                "type": "function",
+                "function": {
+                    "name": call["name"],
+                    "arguments": json.dumps(call.get("args", {}), default=str),
+                },
+            }
+            for n, call in enumerate(message.tool_calls)
+        ]
+    if role == "tool":
+        chat["tool_call_id"] = message.tool_call_id  # type: ignore[attr-defined]
+    if role == "function":
+        chat["name"] = message.name
+    # as JSON text: a flat message, which the ledger's request path copies shallowly
+    chat["lc"] = json.dumps(
+        message_to_dict(message), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+    )
+    return chat
+
+
+def from_ledger_message(message: Mapping[str, Any]) -> BaseMessage:
+    """The LangChain message a ledger message holds (or the one its chat form makes:
+    summaries and recalled context the ledger wrote itself carry no ``"lc"``)."""
+    original = message.get("lc")
+    if isinstance(original, str):
+        return messages_from_dict([json.loads(original)])[0]
+    chat = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls", "name")}
+    chat.setdefault("content", "")
+    if chat.get("role") == "tool":
+        chat["tool_call_id"] = message.get("tool_call_id", "")
+    return convert_to_messages([chat])[0]
+
+
+def _checked(messages: Any) -> list[dict[str, Any]]:
+    if isinstance(messages, BaseMessage | str | bytes) or not isinstance(messages, Sequence):
+        raise InvalidLangChainMessage("add_messages takes a list of messages", field="messages")
+    out = []
+    for m in messages:
+        try:
+            out.append(to_ledger_message(m))
+        except InvalidLangChainMessage:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise InvalidLangChainMessage(str(exc), field="message") from exc
+    return out
+
+
+# -- the sync bridge -------------------------------------------------------------------
+
+
+class _LoopThread:
+    """An event loop on a daemon thread: where the sync methods run their coroutines."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="contextledger-langchain", daemon=True
+        )
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        self.loop.close()
+
+
+def _no_running_loop(what: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise InvalidArgument(
+        f"{what} is the sync API and an event loop is running in this thread: calling it "
+        "would block the loop; await the async one (aget_messages / aadd_messages / aclear)",
+        code="SYNC_CALL_IN_EVENT_LOOP",
+    )
+
+
+class _Ledgers:
+    """The ledger for the caller's loop (given or opened from ``dsn``) and one of its own
+    for the sync bridge; closes only what it opened."""
+
+    def __init__(self, ledger: Ledger | None, dsn: str | None) -> None:
+        if (ledger is None) == (dsn is None):
+            raise InvalidArgument("pass exactly one of ledger= or dsn=", field="ledger")
+        self.given = ledger
+        self.dsn = dsn
+        self.opened: Ledger | None = None
+        self.bridge: _LoopThread | None = None
+        self.bridge_ledger: Ledger | None = None
+        self._lock = threading.Lock()
+
+    async def for_loop(self) -> Ledger:
+        loop = asyncio.get_running_loop()
+        if self.bridge is not None and loop is self.bridge.loop:
+            if self.bridge_ledger is None:
+                self.bridge_ledger = await Ledger.open(self._sync_dsn())
+            return self.bridge_ledger
+        if self.given is not None:
+            return self.given
+        if self.opened is None:
+            self.opened = await Ledger.open(self.dsn)
+        return self.opened
+
+    def _sync_dsn(self) -> str:
+        dsn = self.dsn or (self.given.dsn if self.given is not None else None)
+        if not dsn or dsn.startswith("memory:"):
+            raise InvalidArgument(
+                "the sync methods open their own pool and need a PostgreSQL dsn "
+                "(pass dsn=, or a ledger opened on one); a memory:// ledger lives in one "
+                "event loop: use the async methods",
+                field="dsn",
+            )
+        return dsn
+
+    def run(self, coro_fn: Callable[[], Awaitable[T]]) -> T:
+        self._sync_dsn()
+        with self._lock:
+            if self.bridge is None:
+                self.bridge = _LoopThread()
+
+        async def call() -> T:
+            return await coro_fn()
+
+        return self.bridge.run(call())
+
+    async def aclose(self) -> None:
+        if self.opened is not None:
+            await self.opened.close()
+            self.opened = None
+        self.close_bridge()
+
+    def close_bridge(self) -> None:
+        if self.bridge is not None:
+            if self.bridge_ledger is not None:
+                self.bridge.run(self.bridge_ledger.close())
+                self.bridge_ledger = None
+            self.bridge.stop()
+            self.bridge = None
+
+
+# -- chat history ------------------------------------------------------------------------
+
+
+class LedgerChatMessageHistory(BaseChatMessageHistory):
+    """A LangChain chat history in a ledger session named ``session_id``.
+
+    ``LedgerChatMessageHistory("user-42", ledger=ledger)`` or ``(..., dsn="postgresql://…")``;
+    ``model`` is recorded on the session (its window sets budgets). ``messages`` is the
+    session's branch (everything since the last ``clear``); ``aget_messages(token_budget=…)``
+    is the view fitted to a budget instead.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        ledger: Ledger | None = None,
+        dsn: str | None = None,
+        model: str | None = None,
+    ) -> None:
+        if not isinstance(session_id, str) or not session_id:
+            raise InvalidArgument("session_id must be a non-empty string", field="session_id")
+        self.session_id = session_id
+        self.model = model
+        self._ledgers = _Ledgers(ledger, dsn)
+        self._owns_ledgers = True
+        self._sessions: dict[int, Session] = {}
+
+    @classmethod
+    def _sharing(cls, session_id: str, ledgers: _Ledgers, model: str | None) -> Any:
+        """A history on another's ledgers (one pool for all of an agent's threads)."""
+        history = cls.__new__(cls)
+        history.session_id, history.model = session_id, model
+        history._ledgers, history._owns_ledgers = ledgers, False
+        history._sessions = {}
+        return history
+
+    async def session(self) -> Session:
+        """The ledger session behind this history (for checkpoints, rollback, verify…)."""
+        ledger = await self._ledgers.for_loop()
+        handle = self._sessions.get(id(ledger))
+        if handle is None:
+            handle = await ledger.session(self.session_id, model=self.model)
+            self._sessions[id(ledger)] = handle
+        return handle
+
+    # async
+
+    async def aget_messages(self, token_budget: int | None = None) -> list[BaseMessage]:
+        session = await self.session()
+        if token_budget is None:
+            rows = await session.get_messages()
+            return [from_ledger_message(m) for m in rows if "lc" in m]
+        view = await session.get_messages_for_request(token_budget=token_budget)
+        return [from_ledger_message(m) for m in view]
+
+    async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
+        await self._add_rows(_checked(messages))
+
+    async def aclear(self) -> None:
+        await (await self.session()).clear()
+
+    async def aclose(self) -> None:
+        """Close what this history opened (its pools); a ``ledger=`` given stays open."""
+        self._sessions.clear()
+        if self._owns_ledgers:
+            await self._ledgers.aclose()
+
+    # sync
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        _no_running_loop("messages")
+        return self._ledgers.run(self.aget_messages)
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        _no_running_loop("add_messages")
+        rows = _checked(messages)
+        self._ledgers.run(lambda: self._add_rows(rows))
+
+    async def _add_rows(self, rows: list[dict[str, Any]]) -> None:
+        """All or nothing: the ledger checks every message before it writes one."""
+        session = await self.session()
+        try:
+            await session.add_messages(rows)
+        except InvalidMessage as exc:
+            raise InvalidLangChainMessage(str(exc.args[0]), **exc.details) from exc
+
+    def clear(self) -> None:
+        _no_running_loop("clear")
+        self._ledgers.run(self.aclear)
+
+    def close(self) -> None:
+        """Sync ``aclose`` for the sync bridge (its thread and pool)."""
+        _no_running_loop("close")
+        if self._owns_ledgers:
+            self._ledgers.close_bridge()
+
+
+# -- LangGraph ---------------------------------------------------------------------------
+
+
+class LedgerAgentMemory:
+    """Conversation memory for LangGraph agents, one ledger session per ``thread_id``.
+
+    ``create_react_agent(model, tools, pre_model_hook=memory.pre_model_hook,
+    post_model_hook=memory.post_model_hook)``, invoked with
+    ``{"configurable": {"thread_id": …}}`` and only the new input messages. The model
+    sees the ledger's view of the thread fitted to ``token_budget`` (default: the
+    model's window, see the session config); the state keeps only this run's messages.
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger | None = None,
+        dsn: str | None = None,
+        model: str | None = None,
+        token_budget: int | None = None,
+        session_prefix: str = "langgraph:",
+    ) -> None:
+        self.model = model
+        self._ledgers = _Ledgers(ledger, dsn)
+        self.token_budget = token_budget
+        self.session_prefix = session_prefix
+        self._histories: dict[str, LedgerChatMessageHistory] = {}
+        #: message ids recorded per thread (in this process; idempotency keys cover others)
+        self._recorded: dict[str, set[str]] = {}
+        #: ledger message text -> LangChain message: a request converts only what is new
+        self._converted: dict[str, BaseMessage] = {}
+        self.pre_model_hook: RunnableLambda[Any, dict[str, Any]] = RunnableLambda(
+            self._pre_sync, afunc=self._pre, name="contextledger_pre_model_hook"
+        )
+        self.post_model_hook: RunnableLambda[Any, dict[str, Any]] = RunnableLambda(
+            self._post_sync, afunc=self._post, name="contextledger_post_model_hook"
+        )
+
+    def history(self, thread_id: str) -> LedgerChatMessageHistory:
+        """The chat history of one thread (the same ledger session the hooks write)."""
+        history = self._histories.get(thread_id)
+        if history is None:
+            history = LedgerChatMessageHistory._sharing(
+                self.session_prefix + thread_id, self._ledgers, self.model
+            )
+            self._histories[thread_id] = history
+        return history
+
+    async def aclose(self) -> None:
+        """Close what this memory opened (from ``dsn=``; a ``ledger=`` given stays open)."""
+        self._histories.clear()
+        await self._ledgers.aclose()
+
+    def close(self) -> None:
+        """Stop the sync bridge (after sync ``invoke`` runs)."""
+        _no_running_loop("close")
+        self._ledgers.close_bridge()
+
+    @staticmethod
+    def _thread(config: RunnableConfig | None) -> str:
+        thread = ((config or {}).get("configurable") or {}).get("thread_id")
+        if thread is None:
+            raise InvalidArgument(
+                "LedgerAgentMemory needs a thread_id: invoke with "
+                '{"configurable": {"thread_id": ...}}',
+                field="thread_id",
+            )
+        return str(thread)
+
+    async def _record(self, thread: str, messages: Sequence[BaseMessage]) -> Session:
+        session = await self.history(thread).session()
+        seen = self._recorded.setdefault(thread, set())
+        for message in messages:
+            if message.id is None:
+                message.id = str(uuid.uuid4())
+            if message.id in seen:
+                continue
+            try:
+                await session.add_message(
+                    to_ledger_message(message), idempotency_key=f"lc:{message.id}"
+                )
+            except InvalidMessage as exc:
+                raise InvalidLangChainMessage(str(exc.args[0]), **exc.details) from exc
+            seen.add(message.id)
+        return session
+
+    @staticmethod
+    def _messages(state: Any) -> list[BaseMessage]:
+        messages = state.get("messages") if isinstance(state, Mapping) else state.messages
+        return list(messages or [])
+
+    async def _pre(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
+        thread = self._thread(config)
+        session = await self._record(thread, self._messages(state))
+        view = await session.get_messages_for_request(token_budget=self.token_budget)
+        return {"llm_input_messages": [self._convert(m) for m in view]}
+
+    def _convert(self, message: Mapping[str, Any]) -> BaseMessage:
+        key = message.get("lc")
+        if not isinstance(key, str):
+            return from_ledger_message(message)
+        hit = self._converted.get(key)
+        if hit is None:
+            if len(self._converted) > 20_000:  # bounded: a few views' worth
+                self._converted.clear()
+            hit = self._converted[key] = from_ledger_message(message)
+        return hit
+
+    async def _post(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
+        await self._record(self._thread(config), self._messages(state)[-1:])
+        return {}
+
+    def _pre_sync(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
+        _no_running_loop("the pre_model_hook (sync)")
+        return self._ledgers.run(lambda: self._pre(state, config))
+
+    def _post_sync(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
+        _no_running_loop("the post_model_hook (sync)")
+        return self._ledgers.run(lambda: self._post(state, config))
