@@ -15,7 +15,7 @@ from typing import Any, Literal
 import structlog
 
 from contextledger import hooks as hk
-from contextledger._checks import check_seq, check_text, checked_tokens
+from contextledger._checks import check_seq, check_text
 from contextledger.appends import WritePath, replacement, summary_payload
 from contextledger.compactor import Compactor, ManageResult
 from contextledger.core.budget import (
@@ -30,11 +30,8 @@ from contextledger.core.chain import VerifyReport
 from contextledger.core.config import ContextConfig
 from contextledger.core.events import (
     CheckpointCreated,
-    ConfigChanged,
     Event,
-    ModelChanged,
     Payload,
-    RolledBack,
     SessionCleared,
 )
 from contextledger.core.messages import copy_json
@@ -43,11 +40,13 @@ from contextledger.core.projection import ViewState, fold
 from contextledger.core.shapes import PROVIDERS, shape_of
 from contextledger.core.tokens import TokenCounter
 from contextledger.core.view import ViewItem
-from contextledger.errors import CheckpointNotFound, CompactionError, InvalidArgument
+from contextledger.errors import CompactionError, InvalidArgument
 from contextledger.hooks import HookBus, PreCompactHandler
 from contextledger.protocols import LedgerHandle
 from contextledger.provider_shapes import ProviderRequest, as_message_list, normalize, render
 from contextledger.request_path import RequestPath, rewrites_view
+from contextledger.rollback import rollback_event
+from contextledger.settings import settings_change
 from contextledger.store.base import AppendResult, Checkpoint, SessionInfo
 from contextledger.summarizer import FallbackCallback
 
@@ -362,33 +361,9 @@ class Session:
 
         Events after it stay in the ledger; a rollback can itself be rolled back.
         """
-        label: str | None = None
-        checkpoint_seq: int | None = None
-        if isinstance(to, Checkpoint):
-            to_seq, checkpoint_seq, label = to.seq, to.seq, to.label
-            if (to.seq, to.label) not in {(c.seq, c.label) for c in await self.checkpoints()}:
-                raise CheckpointNotFound(
-                    f"no checkpoint at seq {to.seq} labelled {to.label!r} in session "
-                    f"{self.session_id!r}",
-                    seq=to.seq,
-                    label=to.label,
-                )
-        elif isinstance(to, bool):
-            raise InvalidArgument("rollback takes a Checkpoint, a label or a seq")
-        elif isinstance(to, int):
-            to_seq = check_seq(to, "to") or 0
-        elif isinstance(to, str):
-            check_text(to, "label")
-            matches = [c for c in await self.checkpoints() if c.label == to]
-            if not matches:
-                raise CheckpointNotFound(
-                    f"no checkpoint labelled {to!r} in session {self.session_id!r}", label=to
-                )
-            to_seq, checkpoint_seq, label = matches[-1].seq, matches[-1].seq, to
-        else:
-            raise InvalidArgument("rollback takes a Checkpoint, a label or a seq")
+        event = await rollback_event(to, self.checkpoints, self.session_id)
         self._ephemeral.clear()
-        seq = await self._append([RolledBack(to_seq, checkpoint_seq, label)])
+        seq = await self._append([event])
         await self.refresh()  # the model and settings in force at the target come back too
         self._config = self._ledger._config_from(self._info.config)
         self.counter = await self._ledger.warm_counter(self._info.model, self._config)
@@ -418,19 +393,11 @@ class Session:
 
     async def _change(self, config: ContextConfig | None, model: str | None) -> int:
         """Record a settings and/or model change as one batch: both land, or neither."""
-        payloads: list[Payload] = []
         new_config = config or self._config
-        new_model = model or self.model
-        counter = await self._ledger.warm_counter(new_model, new_config)
+        counter = await self._ledger.warm_counter(model or self.model, new_config)
         if config is not None:
             self._ledger._remember_secrets(config)
-            payloads.append(ConfigChanged(config.to_dict()))
-        if model is not None or counter.name != self.counter.name:  # recount once
-            items = await self._store.read_view(self.session_id)
-            recount = tuple(
-                (i.ref, checked_tokens(counter.count_message(i.message))) for i in items
-            )
-            payloads.append(ModelChanged(new_model, counter.name, recount))
+        payloads = await settings_change(self, config, model, counter)
         if not payloads:
             return self._head
         seq = await self._append(payloads)
