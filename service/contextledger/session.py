@@ -12,20 +12,11 @@ from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import structlog
-
 from contextledger import hooks as hk
 from contextledger._checks import check_seq, check_text
 from contextledger.appends import WritePath, replacement, summary_payload
 from contextledger.compactor import Compactor, ManageResult
-from contextledger.core.budget import (
-    Budget,
-    Usage,
-    resolve_budget,
-    session_limits,
-    thresholds_for,
-    usage,
-)
+from contextledger.core.budget import Budget, Usage
 from contextledger.core.chain import VerifyReport
 from contextledger.core.config import ContextConfig
 from contextledger.core.events import (
@@ -46,13 +37,10 @@ from contextledger.protocols import LedgerHandle
 from contextledger.provider_shapes import ProviderRequest, as_message_list, normalize, render
 from contextledger.request_path import RequestPath, rewrites_view
 from contextledger.rollback import rollback_event
+from contextledger.session_budget import SessionBudget
 from contextledger.settings import settings_change
 from contextledger.store.base import AppendResult, Checkpoint, SessionInfo
 from contextledger.summarizer import FallbackCallback
-
-log = structlog.get_logger(__name__)
-#: The context window assumed for a session without a model (a warning says so).
-DEFAULT_WINDOW = 8192
 
 
 def utc_now() -> datetime:
@@ -87,7 +75,7 @@ class Session:
         #: Called as ``on_fallback(from_model, to_model, error)`` when a summarizer model fails.
         self.on_fallback: FallbackCallback | None = None
         self._ephemeral: list[ViewItem] = []
-        self._warned_no_model = False
+        self._budget = SessionBudget(self)
         self._compactor = Compactor(self)
         self._writes = WritePath(self)
         self._requests = RequestPath(self)
@@ -134,23 +122,7 @@ class Session:
 
     def limits(self, model: str | None = None) -> ModelLimits:
         """Context window and output limit of ``model`` (default: the session's)."""
-        self._warn_if_no_model(model)
-        return session_limits(self._config, self.model, model)
-
-    def _warn_if_no_model(self, model: str | None) -> None:
-        """Once per session: the window is assumed, not known, and how to make it known."""
-        cfg = self._config
-        if not (model or self.model or cfg.context_window) and not self._warned_no_model:
-            self._warned_no_model = True
-            log.warning(
-                "session_without_model",
-                session_id=self.session_id,
-                assumed_context_window=cfg.max_tokens or DEFAULT_WINDOW,
-                hint=(
-                    "pass model= to ledger.session(...) or call session.set_model(...), "
-                    "or set context_window in the session config"
-                ),
-            )
+        return self._budget.limits(model)
 
     def budget(
         self,
@@ -168,33 +140,11 @@ class Session:
         """
         if token_budget is None and provider is None and model is None and max_tokens is None:
             token_budget = self._requests.token_budget
-        if token_budget is None:
-            self._warn_if_no_model(model)
-        return resolve_budget(
-            self._config,
-            self.model,
-            token_budget=token_budget,
-            provider=provider,
-            model=model,
-            max_tokens=max_tokens,
-        )
+        return self._budget.budget(token_budget, provider, model, max_tokens)
 
     async def usage(self, model: str | None = None, max_tokens: int | None = None) -> Usage:
         """Tokens, budget, fraction and state (healthy/warning/critical/overflow); O(1)."""
-        if model is not None:
-            check_text(model, "model")
-        if max_tokens is not None and (
-            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0
-        ):
-            raise InvalidArgument("max_tokens must be a positive int", field="max_tokens")
-        if model is not None:
-            await self._ledger.warm_model(model, self._config)
-        b = self.budget(model=model, max_tokens=max_tokens)
-        return usage(
-            await self.get_token_count(),
-            b,
-            thresholds_for(model or self.model, self._config.profile),
-        )
+        return await self._budget.usage(model, max_tokens)
 
     # -- writing ----------------------------------------------------------------------
 
