@@ -10,13 +10,20 @@ payloads a session writes from caller input (replacements, summaries).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
 
 from contextledger._checks import check_key, check_mapping, check_seq, checked_tokens
 from contextledger.core.config import ContextConfig
 from contextledger.core.encoding import dumps
-from contextledger.core.events import MessageAppended, MessagesReplaced, Payload, SummaryRecorded
+from contextledger.core.events import (
+    CheckpointCreated,
+    MessageAppended,
+    MessagesReplaced,
+    Payload,
+    SummaryRecorded,
+)
 from contextledger.core.messages import validate_message
 from contextledger.core.tokens import TokenCounter
 from contextledger.core.units import (
@@ -29,7 +36,7 @@ from contextledger.core.units import (
 from contextledger.core.view import ORD_STRIDE, ViewItem
 from contextledger.errors import ConcurrencyError, InvalidArgument, InvalidMessage
 from contextledger.protocols import LedgerHandle
-from contextledger.store.base import SessionInfo, Store
+from contextledger.store.base import AppendResult, SessionInfo, Store
 
 __all__ = [
     "AppendingSession",
@@ -37,14 +44,23 @@ __all__ = [
     "Written",
     "check_size",
     "replacement",
+    "rewrites_view",
     "summary_payload",
     "synthetic_payloads",
+    "utc_now",
 ]
 
 
-class PlannedTail(Protocol):
-    """The request path's copy of the view's tail, when it is current."""
+def utc_now() -> datetime:
+    """The wall clock events are stamped with (timezone-aware: hashes must not vary)."""
+    return datetime.now(UTC)
 
+
+class PlannedRequests(Protocol):
+    """The request path, kept in step by each append (its copy of the view's tail too)."""
+
+    def on_append(self, prior: int, result: AppendResult, payloads: Sequence[Payload]) -> None: ...
+    def view_changed(self) -> None: ...
     def current_tail(self, n: int) -> list[ViewItem] | None: ...
 
 
@@ -57,24 +73,13 @@ class AppendingSession(Protocol):
     _ledger: LedgerHandle
     _config: ContextConfig
     _head: int
+    _known: tuple[int, str]
+    _view_tokens: int
     _ephemeral: list[ViewItem]
 
     @property
-    def _requests(self) -> PlannedTail: ...
+    def _requests(self) -> PlannedRequests: ...
     async def refresh(self) -> SessionInfo: ...
-    async def _append(
-        self,
-        payloads: Sequence[Payload],
-        *,
-        expected_seq: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> int: ...
-    async def _append_all(
-        self,
-        payloads: Sequence[Payload],
-        expected_seq: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> tuple[int, ...]: ...
 
 
 class Written(NamedTuple):
@@ -109,6 +114,11 @@ def synthetic_payloads(
         MessageAppended(dict(syn.message), syn.tokens, False, counter.name, origin="synthetic")
         for syn in synthetic_results(open_calls.call, open_calls.after, open_calls.missing, counter)
     ]
+
+
+def rewrites_view(payloads: Sequence[Payload]) -> bool:
+    """Whether a batch does more than append messages and checkpoints (the cold path)."""
+    return not all(isinstance(p, MessageAppended | CheckpointCreated) for p in payloads)
 
 
 def _appended_item(seq: int, message: Mapping[str, Any], tokens: int, critical: bool) -> ViewItem:
@@ -164,6 +174,42 @@ class WritePath:
         self._s = session
         self._open: OpenCalls | None = None
         self._tail_known = False
+
+    async def append(
+        self,
+        payloads: Sequence[Payload],
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[int, ...]:
+        """Append; keep the session's head and the request state in step without reading
+        anything back (``RequestPath.on_append``); a view rewrite resets what was cached."""
+        s = self._s
+        s._ledger._check_open()
+        prior = s._head
+
+        def call() -> Awaitable[AppendResult]:
+            return s._store.append(
+                s.session_id,
+                payloads,
+                created_at=utc_now(),
+                expected_seq=expected_seq,
+                idempotency_key=idempotency_key,
+                known=s._known,
+            )
+
+        policy = getattr(s._ledger, "retry_appends", None)
+        result = await (policy.run(call) if policy and idempotency_key else call())
+        if result.duplicate:
+            return result.seqs
+        s._head = max(s._head, result.seq)
+        s._known = (result.seq, result.last_hash)
+        s._view_tokens = result.view_tokens
+        if rewrites_view(payloads):
+            s._requests.view_changed()
+            self.forget_tail()
+        else:
+            s._requests.on_append(prior, result, payloads)
+        return result.seqs
 
     def forget_tail(self) -> None:
         """The tail may have changed under this process: derive it again when needed."""
@@ -224,7 +270,7 @@ class WritePath:
         # batch to the head they were decided at, and decide again if someone wrote.
         pin = s._head if synthetic and expected is None else expected
         try:
-            seq = await s._append(payloads, expected_seq=pin, idempotency_key=key)
+            seq = (await self.append(payloads, pin, key))[-1]
         except ConcurrencyError:
             if expected is not None or not synthetic:
                 raise
@@ -258,7 +304,7 @@ class WritePath:
         ]
         pin = s._head if synthetic else None
         try:
-            seqs = await s._append_all(payloads, pin)
+            seqs = await self.append(payloads, pin)
         except ConcurrencyError:
             if not synthetic:
                 raise

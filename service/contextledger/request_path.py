@@ -35,7 +35,7 @@ from contextledger.protocols import LedgerHandle
 from contextledger.recall import reserve_for, with_recall
 from contextledger.store.base import AppendResult, Store
 
-__all__ = ["RequestPath", "RequestingSession", "rewrites_view"]
+__all__ = ["RequestPath", "RequestingSession", "target_model"]
 
 
 class TailCache(Protocol):
@@ -64,11 +64,6 @@ class RequestingSession(Protocol):
     @property
     def _writes(self) -> TailCache: ...
     def budget(self, token_budget: int | None = None, provider: Any | None = None) -> Budget: ...
-
-
-def rewrites_view(payloads: Sequence[Payload]) -> bool:
-    """Whether a batch does more than append messages and checkpoints (the cold path)."""
-    return not all(isinstance(p, MessageAppended | CheckpointCreated) for p in payloads)
 
 
 def target_model(provider: Any | None, default: str | None) -> str | None:

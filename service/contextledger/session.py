@@ -8,13 +8,12 @@ lives in ``compactor.py``; opening ledgers and sessions in ``ledger.py``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
 
 from contextledger import hooks as hk
 from contextledger._checks import check_seq, check_text
-from contextledger.appends import WritePath, replacement, summary_payload
+from contextledger.appends import WritePath, replacement, summary_payload, utc_now
 from contextledger.compactor import Compactor, ManageResult
 from contextledger.core.budget import Budget, Usage
 from contextledger.core.chain import VerifyReport
@@ -35,17 +34,12 @@ from contextledger.errors import CompactionError, InvalidArgument
 from contextledger.hooks import HookBus, PreCompactHandler
 from contextledger.protocols import LedgerHandle
 from contextledger.provider_shapes import ProviderRequest, as_message_list, normalize, render
-from contextledger.request_path import RequestPath, rewrites_view
+from contextledger.request_path import RequestPath
 from contextledger.rollback import rollback_event
 from contextledger.session_budget import SessionBudget
 from contextledger.settings import settings_change
-from contextledger.store.base import AppendResult, Checkpoint, SessionInfo
+from contextledger.store.base import Checkpoint, SessionInfo
 from contextledger.summarizer import FallbackCallback
-
-
-def utc_now() -> datetime:
-    """The wall clock events are stamped with (timezone-aware: hashes must not vary)."""
-    return datetime.now(UTC)
 
 
 class Session:
@@ -155,50 +149,8 @@ class Session:
         expected_seq: int | None = None,
         idempotency_key: str | None = None,
     ) -> int:
-        return (await self._append_all(payloads, expected_seq, idempotency_key))[-1]
-
-    async def _append_all(
-        self,
-        payloads: Sequence[Payload],
-        expected_seq: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> tuple[int, ...]:
-        """Append; keep the request state in step without reading anything back.
-
-        The result's first seq says whether another writer moved the head since this
-        process last saw it: if not, the new messages go straight into the planner; if
-        so, the request path reads just the events in between (``_catch_up``).
-        """
-        self._ledger._check_open()
-        prior = self._head
-
-        def call() -> Awaitable[AppendResult]:
-            return self._store.append(
-                self.session_id,
-                payloads,
-                created_at=utc_now(),
-                expected_seq=expected_seq,
-                idempotency_key=idempotency_key,
-                known=self._known,
-            )
-
-        policy = getattr(self._ledger, "retry_appends", None)
-        result = await (policy.run(call) if policy and idempotency_key else call())
-        if result.duplicate:
-            return result.seqs
-        self._head = max(self._head, result.seq)
-        self._known = (result.seq, result.last_hash)
-        self._view_tokens = result.view_tokens
-        if rewrites_view(payloads):
-            self._view_changed()
-        else:
-            self._requests.on_append(prior, result, payloads)
-        return result.seqs
-
-    def _view_changed(self) -> None:
-        """A cold-path event rewrote the view: re-derive what was cached from it."""
-        self._requests.view_changed()
-        self._writes.forget_tail()
+        """Append ``payloads`` through the write path; the last seq (every writer's door)."""
+        return (await self._writes.append(payloads, expected_seq, idempotency_key))[-1]
 
     async def add_message(
         self,
