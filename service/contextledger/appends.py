@@ -3,9 +3,11 @@
 ``WritePath`` turns messages into ``message.appended`` payloads for its ``Session``:
 arguments and messages are checked first (bad input writes nothing), a tool call
 left unanswered when the conversation moves on gets its synthetic error results in
-the same batch, and the calls still open at the view's tail are tracked from what
-was appended, so the next append needs no read. The helpers below build the other
-payloads a session writes from caller input (replacements, summaries).
+the same batch, the batch is appended pinned to the chain position this process
+knows (``append``: the one door every writer of the session goes through, which keeps
+the request path in step), and the calls still open at the view's tail are tracked
+from what was appended, so the next append needs no read. The helpers below build
+the other payloads a session writes from caller input (replacements, summaries).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 ``RequestPath`` owns the request state a ``Session`` keeps between requests: the
 planner (O(budget) items, ``core/compaction/request.py``), the raw budget it was
-built for and the head whose events it has consumed. The session's append
-bookkeeping keeps it in step (``on_append``, ``view_changed``), so a request reads
+built for and the head whose events it has consumed. Every append keeps it in step
+(``WritePath.append`` calls ``on_append`` or ``view_changed``), so a request reads
 nothing when nothing changed, just the delta when another writer appended, and the
 view's tail when the view was rewritten. ``replay`` rebuilds a past request from a
 folded state with the same pure steps, so ``request_at`` gives it back exactly.
@@ -95,7 +95,7 @@ class RequestPath:
         self._seen_passes = 0
         self._finished: FinishCache = {}
 
-    # -- kept in step by the session's appends ------------------------------------------
+    # -- kept in step by the write path's appends ------------------------------------------
 
     def on_append(self, prior: int, result: AppendResult, payloads: Sequence[Payload]) -> None:
         """Messages (and checkpoints) this process appended after head ``prior``.

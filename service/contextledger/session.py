@@ -2,8 +2,11 @@
 
 A ``Session`` satisfies the Amplifier ``ContextManager`` protocol (``add_message``,
 ``get_messages_for_request``, ``get_messages``, ``set_messages``, ``clear``) and
-adds the ledger's own verbs: checkpoints, rollback, replay and audit. Compaction
-lives in ``compactor.py``; opening ledgers and sessions in ``ledger.py``.
+adds the ledger's own verbs: checkpoints, rollback, replay and audit. It is a façade:
+the write path lives in ``appends.py``, the request path (planner state, request
+views, ``request_at``) in ``request_path.py``, budget and usage in
+``session_budget.py``, compaction in ``compactor.py``; each sees the session through
+a Protocol. Opening ledgers and sessions lives in ``ledger.py``.
 """
 
 from __future__ import annotations
