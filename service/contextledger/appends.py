@@ -292,6 +292,8 @@ class WritePath:
         if not isinstance(critical, bool):
             raise InvalidArgument("critical must be a bool")
         copies = [validate_message(m) for m in messages]
+        for m in copies:
+            check_size(m, s._config.max_message_bytes)
         if not copies:
             return []
         counts = [checked_tokens(s.counter.count_message(m)) for m in copies]
