@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from contextledger._checks import check_mapping, check_session_id, check_text
+from contextledger.appends import utc_now
 from contextledger.core.chain import Anchor, VerifyReport
 from contextledger.core.config import REDACTED, ContextConfig
 from contextledger.core.events import SessionCreated
@@ -29,7 +30,7 @@ from contextledger.errors import (
 )
 from contextledger.hooks import PreCompactHandler
 from contextledger.retry import RetryPolicy
-from contextledger.session import Session, utc_now
+from contextledger.session import Session
 from contextledger.store.base import RebuildReport, SessionInfo, Store
 from contextledger.store.dsn import redact, resolve_target
 from contextledger.store.memory import MemoryStore

@@ -2,91 +2,47 @@
 
 A ``Session`` satisfies the Amplifier ``ContextManager`` protocol (``add_message``,
 ``get_messages_for_request``, ``get_messages``, ``set_messages``, ``clear``) and
-adds the ledger's own verbs: checkpoints, rollback, replay and audit. Compaction
-lives in ``compactor.py``; opening ledgers and sessions in ``ledger.py``.
+adds the ledger's own verbs: checkpoints, rollback, replay and audit. It is a façade:
+the write path lives in ``appends.py``, the request path (planner state, request
+views, ``request_at``) in ``request_path.py``, budget and usage in
+``session_budget.py``, compaction in ``compactor.py``; each sees the session through
+a Protocol. Opening ledgers and sessions lives in ``ledger.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
 
-import structlog
-
 from contextledger import hooks as hk
-from contextledger._checks import check_key, check_mapping, check_seq, check_text, checked_tokens
+from contextledger._checks import check_seq, check_text
+from contextledger.appends import WritePath, replacement, summary_payload, utc_now
 from contextledger.compactor import Compactor, ManageResult
-from contextledger.core.budget import (
-    Budget,
-    Usage,
-    resolve_budget,
-    session_limits,
-    thresholds_for,
-    usage,
-)
+from contextledger.core.budget import Budget, Usage
 from contextledger.core.chain import VerifyReport
-from contextledger.core.compaction import RequestPlanner, plan_view
-from contextledger.core.compaction.finish import (
-    FinishCache,
-    bridge_cost,
-    bridge_reserve,
-    finish_request_view,
-)
 from contextledger.core.config import ContextConfig
-from contextledger.core.encoding import dumps
 from contextledger.core.events import (
     CheckpointCreated,
-    ConfigChanged,
     Event,
-    MessageAppended,
-    MessagesReplaced,
-    ModelChanged,
     Payload,
-    RolledBack,
     SessionCleared,
-    SummaryRecorded,
 )
-from contextledger.core.messages import copy_json, validate_message
+from contextledger.core.messages import copy_json
 from contextledger.core.model_limits import ModelLimits
-from contextledger.core.projection import fold, message_item
+from contextledger.core.projection import ViewState, fold
 from contextledger.core.shapes import PROVIDERS, shape_of
 from contextledger.core.tokens import TokenCounter
-from contextledger.core.units import (
-    OpenCalls,
-    open_calls_at_tail,
-    result_ids,
-    synthetic_results,
-    track_open_calls,
-)
-from contextledger.core.view import ORD_STRIDE, ViewItem
-from contextledger.errors import (
-    CheckpointNotFound,
-    CompactionError,
-    ConcurrencyError,
-    InvalidArgument,
-    InvalidMessage,
-)
+from contextledger.core.view import ViewItem
+from contextledger.errors import CompactionError, InvalidArgument
 from contextledger.hooks import HookBus, PreCompactHandler
 from contextledger.protocols import LedgerHandle
-from contextledger.provider_shapes import (
-    ProviderRequest,
-    as_message_list,
-    normalize,
-    render,
-)
-from contextledger.recall import reserve_for, with_recall
-from contextledger.store.base import AppendResult, Checkpoint, SessionInfo
+from contextledger.provider_shapes import ProviderRequest, as_message_list, normalize, render
+from contextledger.request_path import RequestPath
+from contextledger.rollback import rollback_event
+from contextledger.session_budget import SessionBudget
+from contextledger.settings import settings_change
+from contextledger.store.base import Checkpoint, SessionInfo
 from contextledger.summarizer import FallbackCallback
-
-log = structlog.get_logger(__name__)
-#: The context window assumed for a session without a model (a warning says so).
-DEFAULT_WINDOW = 8192
-
-
-def utc_now() -> datetime:
-    """The wall clock events are stamped with (timezone-aware: hashes must not vary)."""
-    return datetime.now(UTC)
 
 
 class Session:
@@ -116,21 +72,10 @@ class Session:
         #: Called as ``on_fallback(from_model, to_model, error)`` when a summarizer model fails.
         self.on_fallback: FallbackCallback | None = None
         self._ephemeral: list[ViewItem] = []
-        self._open: OpenCalls | None = None
-        self._tail_known = False
+        self._budget = SessionBudget(self)
         self._compactor = Compactor(self)
-        self._warned_no_model = False
-        #: the request state: the planner (O(budget) items), the raw budget it was built
-        #: for, and the head whose events it has consumed
-        self._planner: RequestPlanner | None = None
-        self._planner_budget = 0
-        self._planned = 0
-        self._request_seq = 0
-        #: an append since the last request confirmed that nobody else moved the head
-        self._checked = False
-        #: the request's ``token_budget`` in force (auto-compaction and usage follow it)
-        self._token_budget: int | None = None
-        self._finished: FinishCache = {}
+        self._writes = WritePath(self)
+        self._requests = RequestPath(self)
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id!r} head={self._head} store={self._store.kind}>"
@@ -141,7 +86,7 @@ class Session:
     def request_seq(self) -> int:
         """The seq the last request view was built at: ``request_at(request_seq)`` gives
         it back exactly, even when a background summary landed right after it."""
-        return self._request_seq
+        return self._requests.request_seq
 
     @property
     def head(self) -> int:
@@ -164,8 +109,8 @@ class Session:
         self._info = await self._store.session_info(self.session_id)
         self._head, self._view_tokens = self._info.head, self._info.view_tokens
         self._known = (self._info.head, self._info.last_hash)
-        self._tail_known = False
-        self._checked = False
+        self._writes.forget_tail()
+        self._requests.on_refresh()
         return self._info
 
     async def get_token_count(self) -> int:
@@ -174,23 +119,7 @@ class Session:
 
     def limits(self, model: str | None = None) -> ModelLimits:
         """Context window and output limit of ``model`` (default: the session's)."""
-        self._warn_if_no_model(model)
-        return session_limits(self._config, self.model, model)
-
-    def _warn_if_no_model(self, model: str | None) -> None:
-        """Once per session: the window is assumed, not known, and how to make it known."""
-        cfg = self._config
-        if not (model or self.model or cfg.context_window) and not self._warned_no_model:
-            self._warned_no_model = True
-            log.warning(
-                "session_without_model",
-                session_id=self.session_id,
-                assumed_context_window=cfg.max_tokens or DEFAULT_WINDOW,
-                hint=(
-                    "pass model= to ledger.session(...) or call session.set_model(...), "
-                    "or set context_window in the session config"
-                ),
-            )
+        return self._budget.limits(model)
 
     def budget(
         self,
@@ -207,34 +136,12 @@ class Session:
         argument, the budget in force: the last request's ``token_budget``, if any.
         """
         if token_budget is None and provider is None and model is None and max_tokens is None:
-            token_budget = self._token_budget
-        if token_budget is None:
-            self._warn_if_no_model(model)
-        return resolve_budget(
-            self._config,
-            self.model,
-            token_budget=token_budget,
-            provider=provider,
-            model=model,
-            max_tokens=max_tokens,
-        )
+            token_budget = self._requests.token_budget
+        return self._budget.budget(token_budget, provider, model, max_tokens)
 
     async def usage(self, model: str | None = None, max_tokens: int | None = None) -> Usage:
         """Tokens, budget, fraction and state (healthy/warning/critical/overflow); O(1)."""
-        if model is not None:
-            check_text(model, "model")
-        if max_tokens is not None and (
-            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0
-        ):
-            raise InvalidArgument("max_tokens must be a positive int", field="max_tokens")
-        if model is not None:
-            await self._ledger.warm_model(model, self._config)
-        b = self.budget(model=model, max_tokens=max_tokens)
-        return usage(
-            await self.get_token_count(),
-            b,
-            thresholds_for(model or self.model, self._config.profile),
-        )
+        return await self._budget.usage(model, max_tokens)
 
     # -- writing ----------------------------------------------------------------------
 
@@ -245,82 +152,8 @@ class Session:
         expected_seq: int | None = None,
         idempotency_key: str | None = None,
     ) -> int:
-        return (await self._append_all(payloads, expected_seq, idempotency_key))[-1]
-
-    async def _append_all(
-        self,
-        payloads: Sequence[Payload],
-        expected_seq: int | None = None,
-        idempotency_key: str | None = None,
-    ) -> tuple[int, ...]:
-        """Append; keep the request state in step without reading anything back.
-
-        The result's first seq says whether another writer moved the head since this
-        process last saw it: if not, the new messages go straight into the planner; if
-        so, the request path reads just the events in between (``_catch_up``).
-        """
-        self._ledger._check_open()
-        prior = self._head
-
-        def call() -> Awaitable[AppendResult]:
-            return self._store.append(
-                self.session_id,
-                payloads,
-                created_at=utc_now(),
-                expected_seq=expected_seq,
-                idempotency_key=idempotency_key,
-                known=self._known,
-            )
-
-        policy = getattr(self._ledger, "retry_appends", None)
-        result = await (policy.run(call) if policy and idempotency_key else call())
-        if result.duplicate:
-            return result.seqs
-        moved = result.seqs[0] - 1 != prior
-        self._head = max(self._head, result.seq)
-        self._known = (result.seq, result.last_hash)
-        self._view_tokens = result.view_tokens
-        if not all(isinstance(p, MessageAppended | CheckpointCreated) for p in payloads):
-            self._view_changed()
-            return result.seqs
-        planner = self._planner
-        if planner is not None and not moved and self._planned == prior:
-            for seq, payload in zip(result.seqs, payloads, strict=True):
-                if isinstance(payload, MessageAppended):
-                    planner.push(message_item(seq, payload))
-            self._planned = result.seq
-            if planner.view_tokens != result.view_tokens:  # out of step: read afresh
-                self._planner = None
-        self._checked = not moved
-        return result.seqs
-
-    def _check_size(self, message: Mapping[str, Any]) -> None:
-        """The session's ``max_message_bytes`` cap, on the message's stored JSON."""
-        cap = self._config.max_message_bytes
-        size = len(dumps(dict(message)).encode("utf-8", "surrogatepass"))
-        if size > cap:
-            raise InvalidMessage(
-                f"message is {size} bytes of JSON, over this session's max_message_bytes "
-                f"({cap}); split it or raise the cap in the config",
-                field="message",
-                size=size,
-                limit=cap,
-            )
-
-    def _view_changed(self) -> None:
-        """A cold-path event rewrote the view: re-derive what was cached from it."""
-        self._planner = None
-        self._tail_known = False
-
-    async def _ensure_tail(self) -> None:
-        if not self._tail_known:
-            planner = self._planner
-            if planner is not None and self._planned == self._head:
-                last = planner.last_items(64)
-            else:  # the last unit, whatever its size: never the whole view
-                last = list((await self._store.read_view_tail(self.session_id, 1)).items)
-            self._open = open_calls_at_tail(last)
-            self._tail_known = True
+        """Append ``payloads`` through the write path; the last seq (every writer's door)."""
+        return (await self._writes.append(payloads, expected_seq, idempotency_key))[-1]
 
     async def add_message(
         self,
@@ -364,69 +197,9 @@ class Session:
         expected_seq: int | None,
         original: Mapping[str, Any] | None,
     ) -> int | None:
-        copied = validate_message(message)
-        key = check_key(idempotency_key)
-        expected = check_seq(expected_seq, "expected_seq")
-        if not isinstance(critical, bool) or not isinstance(ephemeral, bool):
-            raise InvalidArgument("critical and ephemeral must be bools")
-        tokens = checked_tokens(self.counter.count_message(copied))
-        self._check_size(copied)
-        seq: int | None
-        if ephemeral:
-            if key is not None or expected is not None:
-                raise InvalidArgument(
-                    "an ephemeral message takes no idempotency_key or "
-                    "expected_seq: it is never written"
-                )
-            slot = self._head * ORD_STRIDE + ORD_STRIDE // 2 + len(self._ephemeral)
-            self._ephemeral.append(
-                ViewItem(
-                    ref=(-self._head, len(self._ephemeral)),
-                    ord=slot,
-                    message=copied,
-                    tokens=tokens,
-                    critical=critical,
-                    kind="ephemeral",
-                )
-            )
-            seq = None
-        else:
-            await self._ensure_tail()
-            open_calls = self._open
-            synthetic: list[Payload] = []
-            if open_calls is not None and not (set(result_ids(copied)) & set(open_calls.missing)):
-                synthetic = [
-                    MessageAppended(
-                        dict(syn.message), syn.tokens, False, self.counter.name, origin="synthetic"
-                    )
-                    for syn in synthetic_results(
-                        open_calls.call, open_calls.after, open_calls.missing, self.counter
-                    )
-                ]
-            payloads = [
-                *synthetic,
-                MessageAppended(copied, tokens, critical, self.counter.name, original=original),
-            ]
-            # Synthetic results are decided from this process's view of the tail: pin the
-            # batch to the head they were decided at, and decide again if someone wrote.
-            pin = self._head if synthetic and expected is None else expected
-            try:
-                seq = await self._append(payloads, expected_seq=pin, idempotency_key=key)
-            except ConcurrencyError:
-                if expected is not None or not synthetic:
-                    raise
-                await self.refresh()
-                return await self._add_message(message, critical, False, key, None, original)
-            self._open = track_open_calls(
-                None if synthetic else self._open,
-                ViewItem(
-                    ref=(seq, 0),
-                    ord=seq * ORD_STRIDE,
-                    message=copied,
-                    tokens=tokens,
-                    critical=critical,
-                ),
-            )
+        seq, copied, tokens = await self._writes.add_one(
+            message, critical, ephemeral, idempotency_key, expected_seq, original
+        )
         if self.hooks.has_listeners(hk.MESSAGE_ADDED):
             await self.hooks.emit(
                 hk.MESSAGE_ADDED,
@@ -450,54 +223,10 @@ class Session:
         Tool calls left open before the first message get their synthetic results in
         the same batch (as ``add_message`` does).
         """
-        self._ledger._check_open()
-        if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
-            raise InvalidArgument("add_messages takes a list of messages")
-        if not isinstance(critical, bool):
-            raise InvalidArgument("critical must be a bool")
-        copies = [validate_message(m) for m in messages]
-        if not copies:
-            return []
-        counts = [checked_tokens(self.counter.count_message(m)) for m in copies]
-        await self._ensure_tail()
-        open_calls = self._open
-        synthetic: list[Payload] = []
-        if open_calls is not None and not (set(result_ids(copies[0])) & set(open_calls.missing)):
-            synthetic = [
-                MessageAppended(
-                    dict(syn.message), syn.tokens, False, self.counter.name, origin="synthetic"
-                )
-                for syn in synthetic_results(
-                    open_calls.call, open_calls.after, open_calls.missing, self.counter
-                )
-            ]
-        payloads: list[Payload] = [
-            *synthetic,
-            *(
-                MessageAppended(m, t, critical, self.counter.name)
-                for m, t in zip(copies, counts, strict=True)
-            ),
-        ]
-        pin = self._head if synthetic else None
-        try:
-            seqs = await self._append_all(payloads, pin)
-        except ConcurrencyError:
-            if not synthetic:
-                raise
-            await self.refresh()
-            self._tail_known = False
-            return await self.add_messages(messages, critical=critical)
-        tracked = None if synthetic else self._open
-        for seq, m, t in zip(seqs[len(synthetic) :], copies, counts, strict=True):
-            tracked = track_open_calls(
-                tracked,
-                ViewItem(
-                    ref=(seq, 0), ord=seq * ORD_STRIDE, message=m, tokens=t, critical=critical
-                ),
-            )
-        self._open = tracked
-        await self._compactor.maybe_compact("append")
-        return list(seqs[len(synthetic) :])
+        seqs = await self._writes.add_batch(messages, critical)
+        if seqs:
+            await self._compactor.maybe_compact("append")
+        return seqs
 
     async def include(
         self, source: str, content: str, *, role: str = "system", ephemeral: bool = False
@@ -511,14 +240,9 @@ class Session:
 
     async def set_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
         """Replace the branch and the view with ``messages`` (session restore)."""
-        if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
-            raise InvalidArgument("set_messages takes a list of messages")
-        copies = [validate_message(m) for m in messages]
-        for m in copies:
-            self._check_size(m)
-        tokens = tuple(checked_tokens(self.counter.count_message(m)) for m in copies)
+        payload = replacement(messages, self.counter, self._config.max_message_bytes)
         self._ephemeral.clear()
-        return await self._append([MessagesReplaced(tuple(copies), tokens, self.counter.name)])
+        return await self._append([payload])
 
     async def clear(self) -> int:
         self._ephemeral.clear()
@@ -542,33 +266,9 @@ class Session:
 
         Events after it stay in the ledger; a rollback can itself be rolled back.
         """
-        label: str | None = None
-        checkpoint_seq: int | None = None
-        if isinstance(to, Checkpoint):
-            to_seq, checkpoint_seq, label = to.seq, to.seq, to.label
-            if (to.seq, to.label) not in {(c.seq, c.label) for c in await self.checkpoints()}:
-                raise CheckpointNotFound(
-                    f"no checkpoint at seq {to.seq} labelled {to.label!r} in session "
-                    f"{self.session_id!r}",
-                    seq=to.seq,
-                    label=to.label,
-                )
-        elif isinstance(to, bool):
-            raise InvalidArgument("rollback takes a Checkpoint, a label or a seq")
-        elif isinstance(to, int):
-            to_seq = check_seq(to, "to") or 0
-        elif isinstance(to, str):
-            check_text(to, "label")
-            matches = [c for c in await self.checkpoints() if c.label == to]
-            if not matches:
-                raise CheckpointNotFound(
-                    f"no checkpoint labelled {to!r} in session {self.session_id!r}", label=to
-                )
-            to_seq, checkpoint_seq, label = matches[-1].seq, matches[-1].seq, to
-        else:
-            raise InvalidArgument("rollback takes a Checkpoint, a label or a seq")
+        event = await rollback_event(to, self.checkpoints, self.session_id)
         self._ephemeral.clear()
-        seq = await self._append([RolledBack(to_seq, checkpoint_seq, label)])
+        seq = await self._append([event])
         await self.refresh()  # the model and settings in force at the target come back too
         self._config = self._ledger._config_from(self._info.config)
         self.counter = await self._ledger.warm_counter(self._info.model, self._config)
@@ -584,22 +284,7 @@ class Session:
         role: str = "user",
     ) -> int:
         """Low-level: one summary item replaces the view items positioned in the range."""
-        for name, v in (("from_seq", from_seq), ("to_seq", to_seq)):
-            if not check_seq(v, name):
-                raise InvalidArgument(f"{name} must be a positive int", field=name)
-        if isinstance(summary, str):
-            if not summary.strip():
-                raise InvalidArgument("a summary cannot be empty")
-            message: dict[str, Any] = validate_message({"role": role, "content": summary})
-        else:
-            message = validate_message(summary)
-        payload = SummaryRecorded(
-            from_seq,
-            to_seq,
-            message,
-            checked_tokens(self.counter.count_message(message)),
-            check_mapping(audit, "audit"),
-        )
+        payload = summary_payload(from_seq, to_seq, summary, audit, role, self.counter)
         return await self._append([payload])
 
     async def update_config(self, config: Mapping[str, Any] | ContextConfig) -> int:
@@ -613,19 +298,11 @@ class Session:
 
     async def _change(self, config: ContextConfig | None, model: str | None) -> int:
         """Record a settings and/or model change as one batch: both land, or neither."""
-        payloads: list[Payload] = []
         new_config = config or self._config
-        new_model = model or self.model
-        counter = await self._ledger.warm_counter(new_model, new_config)
+        counter = await self._ledger.warm_counter(model or self.model, new_config)
         if config is not None:
             self._ledger._remember_secrets(config)
-            payloads.append(ConfigChanged(config.to_dict()))
-        if model is not None or counter.name != self.counter.name:  # recount once
-            items = await self._store.read_view(self.session_id)
-            recount = tuple(
-                (i.ref, checked_tokens(counter.count_message(i.message))) for i in items
-            )
-            payloads.append(ModelChanged(new_model, counter.name, recount))
+        payloads = await settings_change(self, config, model, counter)
         if not payloads:
             return self._head
         seq = await self._append(payloads)
@@ -675,14 +352,6 @@ class Session:
             return branch
         return branch + [dict(i.message) for i in self._ephemeral]
 
-    def _target_model(self, provider: Any | None) -> str | None:
-        for attr in ("default_model", "model"):
-            value = getattr(provider, attr, None)
-            if isinstance(value, str) and value:
-                return value
-        name = getattr(provider, "name", None)
-        return name if isinstance(name, str) and name else self.model
-
     async def get_messages_for_request(
         self, token_budget: int | None = None, provider: Any | None = None
     ) -> list[dict[str, Any]]:
@@ -706,109 +375,7 @@ class Session:
         """
         if isinstance(provider, str):
             return as_message_list(await self.request_for(provider, token_budget))
-        self._ledger._check_open()
-        budget = self.budget(token_budget, provider).available
-        if token_budget is not None:
-            self._token_budget = token_budget
-        cfg = self._config
-        recall_room = reserve_for(budget, cfg.recall)  # the recall block's share
-        budget -= recall_room
-        await self._compactor.maybe_compact("request", budget=budget)
-        # 1. plan
-        planner = await self._request_planner(budget)
-        # 2. fit (ephemeral messages merged in; the engine only when over the budget)
-        try:
-            items = planner.view(self._ephemeral)
-        except CompactionError as exc:
-            await self.hooks.emit(
-                hk.OVERFLOW, {"estimated_tokens": planner.tokens, "context_limit": budget}
-            )
-            raise exc
-        if planner.passes != self._seen_passes:
-            await self._announce_pass(planner, items)
-        self._seen_passes = planner.passes
-        self._compactor.summarize_in_background(planner)
-        self._request_seq = self._planned
-        # 3. recall what the view left out, just before the latest turn
-        sent = await with_recall(self, items, recall_room, cfg, upto_seq=self._head, branch=None)
-        # 4. finish for the provider
-        return finish_request_view(
-            sent, target_model=self._target_model(provider), cache=self._finished
-        )
-
-    _seen_passes = 0
-
-    async def _announce_pass(self, planner: RequestPlanner, items: Sequence[ViewItem]) -> None:
-        tokens = planner.tokens
-        after = sum(i.tokens for i in items)
-        await self.hooks.emit(
-            hk.PRE_COMPACT, {"message_count": len(items), "tokens": tokens, "ephemeral": True}
-        )
-        await self.hooks.emit(
-            hk.POST_COMPACT,
-            {
-                "message_count": len(items),
-                "tokens": after,
-                "tokens_before": tokens,
-                "tokens_after": after,
-                "tokens_saved": max(0, tokens - after),
-                "strategy": self._config.compaction_strategy,
-                "ephemeral": True,
-            },
-        )
-
-    async def _request_planner(self, budget: int) -> RequestPlanner:
-        """The planner for ``budget``, caught up with the ledger: reused when nothing
-        moved, fed just the delta when another writer appended, rebuilt from the view's
-        tail (O(budget) rows) when the view was rewritten or the budget changed."""
-        planner = self._planner
-        if planner is not None and (
-            self._planner_budget != budget or planner.config != self._config
-        ):
-            planner = None
-        if planner is not None and not self._checked:
-            info = await self._store.session_info(self.session_id)
-            self._head = max(self._head, info.head)
-            self._known = (info.head, info.last_hash)
-        if planner is not None and self._planned < self._head:
-            planner = await self._catch_up(planner)
-        if planner is None:
-            planner = await self._load_planner(budget)
-        self._checked = False
-        return planner
-
-    async def _catch_up(self, planner: RequestPlanner) -> RequestPlanner | None:
-        """Feed the planner the events it has not seen; None if one rewrote the view."""
-        async for event in self._store.read_events(self.session_id, self._planned + 1):
-            payload = event.payload
-            if isinstance(payload, MessageAppended):
-                planner.push(message_item(event.seq, payload))
-            elif not isinstance(payload, CheckpointCreated):
-                self._view_changed()
-                return None
-            self._planned = event.seq
-            self._head = max(self._head, event.seq)
-            self._known = (event.seq, event.hash)
-        self._tail_known = False
-        return planner
-
-    async def _load_planner(self, budget: int) -> RequestPlanner:
-        tail = await self._store.read_view_tail(self.session_id, 2 * budget)
-        summaries = sum(1 for i in (*tail.pinned, *tail.items) if i.kind == "summary")
-        room = budget - summaries * bridge_cost(self.counter)  # finish may add bridges
-        if room <= 0:
-            raise CompactionError(
-                "no room left once bridge messages are reserved", code="NO_TOKEN_BUDGET"
-            )
-        planner = RequestPlanner(room, self._config, self.counter)
-        planner.start(tail.before_tokens, tail.pinned)
-        planner.extend(tail.items)
-        self._planner, self._planner_budget = planner, budget
-        self._planned = tail.head
-        self._head = max(self._head, tail.head)
-        self._seen_passes = planner.passes
-        self._tail_known = False
-        return planner
+        return await self._requests.build(token_budget, provider)
 
     async def close(self, wait_seconds: float = 30.0) -> None:
         """Wait for a summary in flight (up to ``wait_seconds``), else cancel it."""
@@ -837,7 +404,7 @@ class Session:
         check_seq(to_seq, "to_seq")
         return self._store.read_events(self.session_id, from_seq, to_seq)
 
-    async def _fold_to(self, seq: int) -> Any:
+    async def _fold_to(self, seq: int) -> ViewState:
         if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= self._head:
             await self.refresh()
             if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= self._head:
@@ -857,22 +424,7 @@ class Session:
         ``seq``), finished for the provider. Ephemeral messages are not in the ledger;
         replays never call a model or an embedder."""
         state = await self._fold_to(seq)
-        config = self._ledger._config_from(state.config) if state.config else self._config
-        if token_budget is None and provider is None:
-            token_budget = self._token_budget
-        budget = resolve_budget(
-            config, state.model, token_budget=token_budget, provider=provider
-        ).available
-        recall_room = reserve_for(budget, config.recall)
-        budget -= recall_room + bridge_reserve(state.view, self.counter)
-        if budget <= 0:
-            raise CompactionError(
-                "no room left once bridge messages are reserved", code="NO_TOKEN_BUDGET"
-            )
-        items = plan_view(state.view, budget_tokens=budget, config=config, counter=self.counter)
-        branch = [i.seq for i in state.branch if i.ref[1] == 0]
-        view = await with_recall(self, items, recall_room, config, upto_seq=seq, branch=branch)
-        return finish_request_view(view, target_model=self._target_model(provider))
+        return await self._requests.replay(state, seq, provider, token_budget)
 
     async def verify(self) -> VerifyReport:
         return await self._store.verify(self.session_id)

@@ -131,5 +131,5 @@ async def test_reopening_a_long_session_serves_what_replay_gives(ledger: Ledger)
     assert sent[0] == {"role": "system", "content": "be brief"}
     assert 0.55 * budget <= sum(again.counter.count_message(m) for m in sent) <= budget
     assert await again.request_at(again.head, token_budget=budget) == sent
-    planner = again._planner
+    planner = again._requests.planner
     assert planner is not None and planner.held < 120  # a tail, not 300 messages

@@ -81,3 +81,17 @@ async def test_per_message_size_cap(ledger: Ledger) -> None:
     with pytest.raises(InvalidMessage):
         await session.set_messages([{"role": "user", "content": "y" * 4000}])
     assert (await session.refresh()).head == head + 1
+
+
+async def test_per_message_size_cap_holds_for_add_messages(ledger: Ledger) -> None:
+    """Regression: add_messages skipped max_message_bytes (add_message and set_messages
+    enforce it); one message over the cap rejects the whole batch."""
+    session = await ledger.session("s", config={"max_message_bytes": 2048})
+    head = session.head
+    with pytest.raises(InvalidMessage) as info:
+        await session.add_messages(
+            [{"role": "user", "content": "x" * 100}, {"role": "user", "content": "x" * 2100}]
+        )
+    assert info.value.details["limit"] == 2048
+    assert (await session.refresh()).head == head
+    assert await session.add_messages([{"role": "user", "content": "x" * 1900}]) == [head + 1]

@@ -324,6 +324,37 @@ async def test_unanswered_tool_call_gets_one_recorded_synthetic_result(ledger: L
     )
 
 
+async def test_add_messages_closes_open_calls_in_the_same_batch(ledger: Ledger) -> None:
+    """add_messages shares add_message's synthetic results: recorded in the batch, once,
+    and not when the batch's first message answers the open call."""
+    session = await ledger.session("orphan-batch")
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
+    }
+    await session.add_messages([{"role": "user", "content": "go"}, call])
+    seqs = await session.add_messages(
+        [{"role": "user", "content": "never mind"}, {"role": "assistant", "content": "ok"}]
+    )
+    events = [e async for e in session.events()]
+    assert [e.seq for e in events[-2:]] == seqs
+    assert events[-3].payload.origin == "synthetic" and events[-3].seq == seqs[0] - 1
+    view = await session.view()
+    assert provider_valid(view) == []
+    assert view[2] == {"role": "tool", "tool_call_id": "c1", "content": NO_RESULT_TEXT, "name": "f"}
+    # a batch that starts with the answer gets no synthetic result
+    await session.add_messages([{**call, "tool_calls": [{**call["tool_calls"][0], "id": "c2"}]}])
+    answered = await session.add_messages(
+        [{"role": "tool", "tool_call_id": "c2", "content": "two"}, {"role": "user", "content": "k"}]
+    )
+    after = [e async for e in session.events()]
+    assert after[-2].seq == answered[0] and after[-2].payload.origin != "synthetic"
+    assert sum(1 for e in after if getattr(e.payload, "origin", None) == "synthetic") == 1
+
+
 async def test_work_in_progress_call_at_the_tail_is_left_alone(ledger: Ledger) -> None:
     session = await ledger.session("wip")
     await session.add_message({"role": "user", "content": "go"})

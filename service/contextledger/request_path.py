@@ -1,0 +1,265 @@
+"""The request path of one session: plan, fit, announce, summarize, recall, finish.
+
+``RequestPath`` owns the request state a ``Session`` keeps between requests: the
+planner (O(budget) items, ``core/compaction/request.py``), the raw budget it was
+built for and the head whose events it has consumed. Every append keeps it in step
+(``WritePath.append`` calls ``on_append`` or ``view_changed``), so a request reads
+nothing when nothing changed, just the delta when another writer appended, and the
+view's tail when the view was rewritten. ``replay`` rebuilds a past request from a
+folded state with the same pure steps, so ``request_at`` gives it back exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from contextledger import hooks as hk
+from contextledger.compactor import Compactor
+from contextledger.core.budget import Budget, resolve_budget
+from contextledger.core.compaction import RequestPlanner, plan_view
+from contextledger.core.compaction.finish import (
+    FinishCache,
+    bridge_cost,
+    bridge_reserve,
+    finish_request_view,
+)
+from contextledger.core.config import ContextConfig
+from contextledger.core.events import CheckpointCreated, MessageAppended, Payload
+from contextledger.core.projection import ViewState, message_item
+from contextledger.core.tokens import TokenCounter
+from contextledger.core.view import ViewItem
+from contextledger.errors import CompactionError
+from contextledger.hooks import HookBus
+from contextledger.protocols import LedgerHandle
+from contextledger.recall import reserve_for, with_recall
+from contextledger.store.base import AppendResult, Store
+
+__all__ = ["RequestPath", "RequestingSession", "target_model"]
+
+
+class TailCache(Protocol):
+    """The write path's cached view tail, which a re-read of the ledger invalidates."""
+
+    def forget_tail(self) -> None: ...
+
+
+class RequestingSession(Protocol):
+    """What the request path needs of its ``Session`` (a port: no import cycle)."""
+
+    session_id: str
+    counter: TokenCounter
+    hooks: HookBus
+    _store: Store
+    _ledger: LedgerHandle
+    _config: ContextConfig
+    _head: int
+    _known: tuple[int, str]
+    _ephemeral: list[ViewItem]
+
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def _compactor(self) -> Compactor: ...
+    @property
+    def _writes(self) -> TailCache: ...
+    def budget(self, token_budget: int | None = None, provider: Any | None = None) -> Budget: ...
+
+
+def target_model(provider: Any | None, default: str | None) -> str | None:
+    """The model a request goes to: the provider's, else the session's (``default``)."""
+    for attr in ("default_model", "model"):
+        value = getattr(provider, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    name = getattr(provider, "name", None)
+    return name if isinstance(name, str) and name else default
+
+
+class RequestPath:
+    """Request views for one ``Session``, with the planner state kept between them."""
+
+    def __init__(self, session: RequestingSession) -> None:
+        self._s = session
+        #: the planner (O(budget) items), the raw budget it was built for, and the head
+        #: whose events it has consumed
+        self.planner: RequestPlanner | None = None
+        self._planner_budget = 0
+        self._planned = 0
+        #: the seq the last request view was built at
+        self.request_seq = 0
+        #: an append since the last request confirmed that nobody else moved the head
+        self._checked = False
+        #: the request's ``token_budget`` in force (auto-compaction and usage follow it)
+        self.token_budget: int | None = None
+        self._seen_passes = 0
+        self._finished: FinishCache = {}
+
+    # -- kept in step by the write path's appends ------------------------------------------
+
+    def on_append(self, prior: int, result: AppendResult, payloads: Sequence[Payload]) -> None:
+        """Messages (and checkpoints) this process appended after head ``prior``.
+
+        The result's first seq says whether another writer moved the head since this
+        process last saw it: if not, the new messages go straight into the planner; if
+        so, the next request reads just the events in between (``_catch_up``).
+        """
+        moved = result.seqs[0] - 1 != prior
+        planner = self.planner
+        if planner is not None and not moved and self._planned == prior:
+            for seq, payload in zip(result.seqs, payloads, strict=True):
+                if isinstance(payload, MessageAppended):
+                    planner.push(message_item(seq, payload))
+            self._planned = result.seq
+            if planner.view_tokens != result.view_tokens:  # out of step: read afresh
+                self.planner = None
+        self._checked = not moved
+
+    def view_changed(self) -> None:
+        """A cold-path event rewrote the view: the next request reloads the tail."""
+        self.planner = None
+
+    def on_refresh(self) -> None:
+        """The session re-read its head: the next request checks it again."""
+        self._checked = False
+
+    def current_tail(self, n: int) -> list[ViewItem] | None:
+        """The view's last ``n`` items, if the planner has seen up to the head."""
+        planner = self.planner
+        if planner is not None and self._planned == self._s._head:
+            return planner.last_items(n)
+        return None
+
+    # -- building a request ------------------------------------------------------------
+
+    async def build(self, token_budget: int | None, provider: Any | None) -> list[dict[str, Any]]:
+        """``Session.get_messages_for_request`` for a provider object (or none)."""
+        s = self._s
+        s._ledger._check_open()
+        budget = s.budget(token_budget, provider).available
+        if token_budget is not None:
+            self.token_budget = token_budget
+        cfg = s._config
+        recall_room = reserve_for(budget, cfg.recall)  # the recall block's share
+        budget -= recall_room
+        await s._compactor.maybe_compact("request", budget=budget)
+        # 1. plan
+        planner = await self._request_planner(budget)
+        # 2. fit (ephemeral messages merged in; the engine only when over the budget)
+        try:
+            items = planner.view(s._ephemeral)
+        except CompactionError as exc:
+            await s.hooks.emit(
+                hk.OVERFLOW, {"estimated_tokens": planner.tokens, "context_limit": budget}
+            )
+            raise exc
+        if planner.passes != self._seen_passes:
+            await self._announce_pass(planner, items)
+        self._seen_passes = planner.passes
+        s._compactor.summarize_in_background(planner)
+        self.request_seq = self._planned
+        # 3. recall what the view left out, just before the latest turn
+        sent = await with_recall(s, items, recall_room, cfg, upto_seq=s._head, branch=None)
+        # 4. finish for the provider
+        return finish_request_view(
+            sent, target_model=target_model(provider, s.model), cache=self._finished
+        )
+
+    async def _announce_pass(self, planner: RequestPlanner, items: Sequence[ViewItem]) -> None:
+        tokens = planner.tokens
+        after = sum(i.tokens for i in items)
+        hooks = self._s.hooks
+        await hooks.emit(
+            hk.PRE_COMPACT, {"message_count": len(items), "tokens": tokens, "ephemeral": True}
+        )
+        await hooks.emit(
+            hk.POST_COMPACT,
+            {
+                "message_count": len(items),
+                "tokens": after,
+                "tokens_before": tokens,
+                "tokens_after": after,
+                "tokens_saved": max(0, tokens - after),
+                "strategy": self._s._config.compaction_strategy,
+                "ephemeral": True,
+            },
+        )
+
+    async def _request_planner(self, budget: int) -> RequestPlanner:
+        """The planner for ``budget``, caught up with the ledger: reused when nothing
+        moved, fed just the delta when another writer appended, rebuilt from the view's
+        tail (O(budget) rows) when the view was rewritten or the budget changed."""
+        s = self._s
+        planner = self.planner
+        if planner is not None and (self._planner_budget != budget or planner.config != s._config):
+            planner = None
+        if planner is not None and not self._checked:
+            info = await s._store.session_info(s.session_id)
+            s._head = max(s._head, info.head)
+            s._known = (info.head, info.last_hash)
+        if planner is not None and self._planned < s._head:
+            planner = await self._catch_up(planner)
+        if planner is None:
+            planner = await self._load_planner(budget)
+        self._checked = False
+        return planner
+
+    async def _catch_up(self, planner: RequestPlanner) -> RequestPlanner | None:
+        """Feed the planner the events it has not seen; None if one rewrote the view."""
+        s = self._s
+        async for event in s._store.read_events(s.session_id, self._planned + 1):
+            payload = event.payload
+            if isinstance(payload, MessageAppended):
+                planner.push(message_item(event.seq, payload))
+            elif not isinstance(payload, CheckpointCreated):
+                self.view_changed()
+                s._writes.forget_tail()
+                return None
+            self._planned = event.seq
+            s._head = max(s._head, event.seq)
+            s._known = (event.seq, event.hash)
+        s._writes.forget_tail()
+        return planner
+
+    async def _load_planner(self, budget: int) -> RequestPlanner:
+        s = self._s
+        tail = await s._store.read_view_tail(s.session_id, 2 * budget)
+        summaries = sum(1 for i in (*tail.pinned, *tail.items) if i.kind == "summary")
+        room = budget - summaries * bridge_cost(s.counter)  # finish may add bridges
+        if room <= 0:
+            raise CompactionError(
+                "no room left once bridge messages are reserved", code="NO_TOKEN_BUDGET"
+            )
+        planner = RequestPlanner(room, s._config, s.counter)
+        planner.start(tail.before_tokens, tail.pinned)
+        planner.extend(tail.items)
+        self.planner, self._planner_budget = planner, budget
+        self._planned = tail.head
+        s._head = max(s._head, tail.head)
+        self._seen_passes = planner.passes
+        s._writes.forget_tail()
+        return planner
+
+    # -- replaying one -----------------------------------------------------------------
+
+    async def replay(
+        self, state: ViewState, seq: int, provider: Any | None, token_budget: int | None
+    ) -> list[dict[str, Any]]:
+        """``Session.request_at``: the request built right after ``seq`` (``state``)."""
+        s = self._s
+        config = s._ledger._config_from(state.config) if state.config else s._config
+        if token_budget is None and provider is None:
+            token_budget = self.token_budget
+        budget = resolve_budget(
+            config, state.model, token_budget=token_budget, provider=provider
+        ).available
+        recall_room = reserve_for(budget, config.recall)
+        budget -= recall_room + bridge_reserve(state.view, s.counter)
+        if budget <= 0:
+            raise CompactionError(
+                "no room left once bridge messages are reserved", code="NO_TOKEN_BUDGET"
+            )
+        items = plan_view(state.view, budget_tokens=budget, config=config, counter=s.counter)
+        branch = [i.seq for i in state.branch if i.ref[1] == 0]
+        view = await with_recall(s, items, recall_room, config, upto_seq=seq, branch=branch)
+        return finish_request_view(view, target_model=target_model(provider, s.model))
