@@ -174,16 +174,21 @@ class Session:
 
         OpenAI Responses items and Gemini contents are accepted too: they are
         converted to OpenAI chat (a Gemini content with several function results
-        becomes one tool message each; the seq returned is the last one's) and the
-        original is recorded beside each converted message (``data.original``).
+        becomes one tool message each; the seq returned is the last one's, and
+        ``idempotency_key`` / ``expected_seq`` cover them all) and the original is
+        recorded beside each converted message (``data.original``).
         """
         self._ledger._check_open()
         original: dict[str, Any] | None = None
         if isinstance(message, Mapping) and shape_of(message) != "openai":
             original = copy_json(dict(message), "message")
             *first, message = await normalize(message)
-            for part in first:
-                await self._add_message(part, critical, ephemeral, None, None, original)
+            for n, part in enumerate(first):  # a retry finds every part by its own key
+                key = None if idempotency_key is None else f"{idempotency_key}#{n}"
+                pin = expected_seq if n == 0 else None
+                await self._add_message(part, critical, ephemeral, key, pin, original)
+            if first:
+                expected_seq = None  # checked on the first part; the rest follow it
         return await self._add_message(
             message, critical, ephemeral, idempotency_key, expected_seq, original
         )

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from contextledger import InvalidArgument, InvalidMessage, Ledger
+from contextledger import ConcurrencyError, InvalidArgument, InvalidMessage, Ledger
 
 pytestmark = pytest.mark.integration
 
@@ -195,3 +195,59 @@ async def test_anthropic_shaped_history_renders_valid_for_every_provider() -> No
         assert claude.messages[2]["content"][0]["type"] == "tool_result"
         gemini = await s.request_for("gemini")  # type: ignore[attr-defined]
         assert "function_call" in gemini.messages[1]["parts"][0]
+
+
+async def test_a_retried_gemini_content_with_several_results_writes_nothing_twice() -> None:
+    async with Ledger.open("memory://") as ledger:
+        s = await ledger.session("g2", model="gemini-2.0-flash")
+        await s.add_message({"role": "user", "parts": [{"text": "two lookups"}]})
+        await s.add_message(
+            {
+                "role": "model",
+                "parts": [
+                    {"functionCall": {"name": "a", "args": {}}},
+                    {"functionCall": {"name": "b", "args": {}}},
+                ],
+            }
+        )
+        results = {
+            "role": "user",
+            "parts": [
+                {"functionResponse": {"name": "a", "response": {"content": "A"}}},
+                {"functionResponse": {"name": "b", "response": {"content": "B"}}},
+            ],
+        }
+        first = await s.add_message(results, idempotency_key="turn-3")
+        head = s.head
+        again = await s.add_message(results, idempotency_key="turn-3")
+        assert again == first
+        await s.refresh()
+        assert s.head == head  # the retry wrote neither result again
+        view = await s.view()
+        assert [m["role"] for m in view] == ["user", "assistant", "tool", "tool"]
+
+
+async def test_expected_seq_covers_every_part_of_a_gemini_content() -> None:
+    async with Ledger.open("memory://") as ledger:
+        s = await ledger.session("g3", model="gemini-2.0-flash")
+        await s.add_message(
+            {
+                "role": "model",
+                "parts": [
+                    {"functionCall": {"name": "a", "args": {}}},
+                    {"functionCall": {"name": "b", "args": {}}},
+                ],
+            }
+        )
+        results = {
+            "role": "user",
+            "parts": [
+                {"functionResponse": {"name": "a", "response": {"content": "A"}}},
+                {"functionResponse": {"name": "b", "response": {"content": "B"}}},
+            ],
+        }
+        seq = await s.add_message(results, expected_seq=s.head)
+        assert seq == s.head == 4  # session.created, the calls, two results
+        with pytest.raises(ConcurrencyError):
+            await s.add_message(results, expected_seq=2)
+        assert s.head == 4
