@@ -3,8 +3,10 @@
 The SDK hands a session Responses-API input items (messages, function calls and their
 outputs, reasoning, and item types this code has never heard of). Each ``add_items``
 batch becomes ledger messages in OpenAI chat shape, so token counting, compaction and
-recall work on them, and every message carries the items it came from (under
-:data:`ITEMS_KEY`), so ``get_items`` gives back exactly what was added.
+recall work on them. A message item whose content the ledger reads as it is (a string,
+or ``input_text`` / ``output_text`` / ``input_image`` parts) is stored verbatim; any
+other message carries the items it came from (under :data:`ITEMS_KEY`). Either way
+``get_items`` gives back exactly what was added.
 
 Grouping, so a budget cut never breaks what the Responses API insists on: a run of
 calls (parallel ``function_call`` items, with the reasoning items before them) is one
@@ -135,8 +137,28 @@ def _call(item: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _as_is(item: Mapping[str, Any]) -> bool:
+    """A message item the ledger can store verbatim: chat role, and content the token
+    counter reads (a string, or typed parts such as ``input_text`` / ``output_text``)."""
+    content = item.get("content")
+    return (
+        _type(item) == "message"
+        and item.get("role") in _CHAT_ROLES
+        and not any(k in item for k in (ITEMS_KEY, "tool_calls", "tool_call_id"))
+        and (
+            isinstance(content, str)
+            or (
+                isinstance(content, list)
+                and all(isinstance(p, Mapping) and isinstance(p.get("type"), str) for p in content)
+            )
+        )
+    )
+
+
 def _to_message(group: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One ledger message (OpenAI chat shape) for a group of items (see module doc)."""
+    if len(group) == 1 and _as_is(group[0]):
+        return dict(group[0])  # no copy of the text beside it: the item is the message
     reasoning = [i for i in group if _type(i) == "reasoning"]
     main = [i for i in group if _type(i) != "reasoning"]
     message: dict[str, Any]
@@ -218,6 +240,8 @@ def _from_message(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     stored = message.get(ITEMS_KEY)
     if isinstance(stored, list) and stored and _to_message(stored) == dict(message):
         return [dict(i) for i in stored]
+    if stored is None and _as_is(message):
+        return [dict(message)]  # stored verbatim, or a summary / recall block / bridge
     role = message.get("role")
     if role == "tool":
         return [
