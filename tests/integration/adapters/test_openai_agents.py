@@ -328,3 +328,28 @@ async def test_dsn_construction_opens_and_closes_its_ledger(pg_dsn: str) -> None
     again = LedgerSession("oa-dsn", dsn=pg_dsn)
     assert await again.get_items() == [{"role": "user", "content": "persisted"}]
     await again.close()
+
+
+async def test_moves_in_and_out_of_the_sdk_own_store(pg_ledger: Ledger, pg_dsn: str) -> None:
+    from agents.extensions.memory import SQLAlchemySession
+
+    url = pg_dsn.replace("postgresql://", "postgresql+asyncpg://", 1)
+    items: list[Any] = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"city":"Oslo"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "4 C"},
+        {"type": "message", "role": "assistant", "id": "m1", "status": "completed",
+         "content": [{"type": "output_text", "text": "4 C.", "annotations": []}]},
+    ]  # fmt: skip
+    theirs = SQLAlchemySession.from_url("move-in", url=url, create_tables=True)
+    back = SQLAlchemySession.from_url("move-out", url=url, create_tables=True)
+    try:
+        await theirs.add_items(items)
+        ours = LedgerSession("moved", ledger=pg_ledger)
+        await ours.add_items(await theirs.get_items())  # into the ledger
+        assert await ours.get_items() == items
+        await back.add_items(await ours.get_items())  # and out again
+        assert await back.get_items() == items
+    finally:
+        await theirs._engine.dispose()
+        await back._engine.dispose()

@@ -234,3 +234,16 @@ async def test_dsn_construction(pg_dsn: str) -> None:
     again = LedgerHistory("pai-dsn", dsn=pg_dsn)
     assert await again.load() == [message]
     await again.close()
+
+
+async def test_moves_in_and_out_of_pydantic_ai_json(ledger: Ledger) -> None:
+    messages: list[ModelMessage] = [
+        ModelRequest(parts=[SystemPromptPart("Be terse."), UserPromptPart("Weather?")]),
+        ModelResponse(parts=[ToolCallPart("w", {"city": "Oslo"}, "c1")], model_name="m"),
+        ModelRequest(parts=[ToolReturnPart("w", {"temp": 4.5}, tool_call_id="c1")]),
+        ModelResponse(parts=[TextPart("4.5 C.")], model_name="m"),
+    ]
+    exported = ModelMessagesTypeAdapter.dump_json(messages)  # pydantic-ai's own format
+    history = LedgerHistory("pai-move", ledger=ledger)
+    assert await history.save(ModelMessagesTypeAdapter.validate_json(exported)) == 4
+    assert ModelMessagesTypeAdapter.dump_json(await history.load()) == exported
