@@ -7,7 +7,9 @@ reads before the next request. Three stores on the same PostgreSQL:
 * ``SQLAlchemySession`` (the SDK's database session; asyncpg driver, tables created
   by the SDK, its default of reading the whole history);
 * ``LedgerSession`` reading the whole history (the view);
-* ``LedgerSession(token_budget=8000)``: the budget-fitted view.
+* ``LedgerSession(token_budget=8000)``: the budget-fitted view, with recall (the
+  default: the turns left out are searched for the latest one, in PostgreSQL) and
+  without it (``recall.enabled: false``).
 
 ``db_bytes`` is the size of the session's rows in every table the store writes
 (``pg_column_size``; indexes are not counted for either side).
@@ -119,11 +121,14 @@ async def run(turns: int, dsn: str) -> list[dict[str, object]]:
         await sdk._engine.dispose()
 
     async with Ledger.open(dsn) as ledger:
-        for store, budget in (
-            ("LedgerSession (whole history)", None),
-            ("LedgerSession (token_budget=8000)", 8000),
+        for store, budget, config in (
+            ("LedgerSession (whole history)", None, None),
+            ("LedgerSession (token_budget=8000)", 8000, None),
+            ("LedgerSession (token_budget=8000, recall off)", 8000, {"recall": {"enabled": False}}),
         ):
-            sid = f"ledger-{budget or 'all'}-{tag}"
-            session = LedgerSession(sid, ledger=ledger, token_budget=budget, model="gpt-4o")
+            sid = f"ledger-{len(rows)}-{tag}"
+            session = LedgerSession(
+                sid, ledger=ledger, token_budget=budget, model="gpt-4o", config=config
+            )
             await measure(store, session, lambda sid=sid: _row_bytes(dsn, LEDGER_ROWS, sid))
     return rows
