@@ -41,7 +41,7 @@ try:
     from agents.items import TResponseInputItem
     from agents.memory.session import SessionABC
     from agents.memory.session_settings import SessionSettings
-except ImportError as exc:  # pragma: no cover - exercised by the wheel test without extras
+except ImportError as exc:  # tests/unit/test_adapters_optional.py blocks the import
     raise MissingExtra(
         "the OpenAI Agents adapter needs openai-agents, which is not installed: "
         "pip install 'contextledger[openai-agents]'",

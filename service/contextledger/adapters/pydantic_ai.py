@@ -46,7 +46,7 @@ try:
         ToolReturnPart,
         UserPromptPart,
     )
-except ImportError as exc:  # pragma: no cover - exercised by the wheel test without extras
+except ImportError as exc:  # tests/unit/test_adapters_optional.py blocks the import
     raise MissingExtra(
         "the pydantic-ai adapter needs pydantic-ai, which is not installed: "
         "pip install 'contextledger[pydantic-ai]'",
