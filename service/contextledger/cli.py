@@ -15,6 +15,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 from contextledger.extras import require_extra
@@ -276,6 +277,56 @@ async def events(
                 e.hash if full else e.hash[:12],
             )
         console.print(table)
+
+
+@main.command("export", context_settings=CONTEXT)
+@target_options
+@click.argument("session_id")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write to this file (default: standard output).",
+)
+@click.pass_context
+@_run
+async def export_cmd(ctx: click.Context, session_id: str, output: str | None) -> None:
+    """Write a session's events as JSON lines, with their hashes (for `import`)."""
+    from contextledger.transfer import export_lines
+
+    async with _open(ctx) as ledger:
+        if output is None:
+            async for line in export_lines(ledger, session_id):
+                click.echo(line)
+            return
+        lines = [line + "\n" async for line in export_lines(ledger, session_id)]
+        await asyncio.to_thread(Path(output).write_text, "".join(lines), encoding="utf-8")
+        count = len(lines)
+        err_console.print(f"exported {count} events of {session_id} to {output}")
+
+
+@main.command("import", context_settings=CONTEXT)
+@target_options
+@click.argument("file", type=click.File("r", encoding="utf-8"))
+@click.option("--session", "session_id", default=None, help="Import under this id instead.")
+@click.pass_context
+@_run
+async def import_cmd(ctx: click.Context, file: Any, session_id: str | None) -> None:
+    """Check an export (every hash) and, only if it is whole, write it as a new session."""
+    from contextledger.transfer import import_events, parse_export
+
+    # the whole file is checked before anything is written
+    events = await asyncio.to_thread(parse_export, file)
+    async with _open(ctx) as ledger:
+        result = await import_events(ledger, events, session_id=session_id)
+        report = await ledger.verify(result.session_id)
+    console.print(
+        f"[green]imported[/green] {result.events} events of {result.source_session_id} "
+        f"as {result.session_id}; chain {'ok' if report.ok else 'BAD'}"
+    )
+    if not report.ok:
+        sys.exit(1)
 
 
 @main.command(context_settings=CONTEXT)

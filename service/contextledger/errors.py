@@ -93,6 +93,13 @@ class ChainBroken(ContextLedgerError):
     code = "CHAIN_BROKEN"
 
 
+class InvalidImport(ContextLedgerError):
+    """An export file did not check out (bad JSON, a missing field, a gap, a broken
+    hash); ``line`` names the first bad line. Nothing was written."""
+
+    code = "INVALID_IMPORT"
+
+
 class MigrationRequired(ContextLedgerError):
     """The database schema is not at the version this code needs."""
 

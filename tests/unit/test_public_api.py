@@ -39,6 +39,7 @@ def test_pinned_surface() -> None:
         "SummarizerConfig",
         "Usage",
         "INCLUDE",
+        "InvalidImport",
         "PRE_COMPACT",
         "POST_COMPACT",
     }

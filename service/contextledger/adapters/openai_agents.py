@@ -1,0 +1,386 @@
+"""``LedgerSession``: contextledger as the OpenAI Agents SDK's session store.
+
+The SDK hands a session Responses-API input items (messages, function calls and their
+outputs, reasoning, and item types this code has never heard of). Each ``add_items``
+batch becomes ledger messages in OpenAI chat shape, so token counting, compaction and
+recall work on them. A message item whose content the ledger reads as it is (a string,
+or ``input_text`` / ``output_text`` / ``input_image`` parts) is stored verbatim; any
+other message carries the items it came from (under :data:`ITEMS_KEY`). Either way
+``get_items`` gives back exactly what was added.
+
+Grouping, so a budget cut never breaks what the Responses API insists on: a run of
+calls (parallel ``function_call`` items, with the reasoning items before them) is one
+assistant message with several ``tool_calls``, each output one ``tool`` message right
+after it; compaction keeps or drops such a unit whole. Reasoning rides with the item it
+precedes. Any ``*_call`` / ``*_call_output`` pair with a ``call_id`` (computer, shell,
+custom tools…) is mapped the same way; other unknown items become an assistant message
+whose text is the item's JSON (counted, searchable) and come back unchanged.
+
+``pop_item`` is honest about the ledger being append-only: it records a rollback to
+just before the last message (history stays, the view loses the item), re-appending the
+rest of that message's group when it held several items.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from contextledger import Ledger, Session
+from contextledger.errors import (
+    ConfigError,
+    InvalidArgument,
+    InvalidMessage,
+    MissingExtra,
+)
+
+try:
+    from agents.exceptions import UserError
+    from agents.items import TResponseInputItem
+    from agents.memory.session import SessionABC
+    from agents.memory.session_settings import SessionSettings
+except ImportError as exc:  # tests/unit/test_adapters_optional.py blocks the import
+    raise MissingExtra(
+        "the OpenAI Agents adapter needs openai-agents, which is not installed: "
+        "pip install 'contextledger[openai-agents]'",
+        extra="openai-agents",
+        missing=["agents"],
+    ) from exc
+
+__all__ = ["ITEMS_KEY", "LedgerSession"]
+
+#: The key of a ledger message that holds the Responses items it was made from.
+ITEMS_KEY = "responses_items"
+_CHAT_ROLES = frozenset({"user", "assistant", "system", "developer"})
+_BAD_INPUT = (InvalidMessage, InvalidArgument, ConfigError)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def _type(item: Mapping[str, Any]) -> str:
+    t = item.get("type")
+    if isinstance(t, str):
+        return t
+    return "message" if "role" in item else ""
+
+
+def _is_call(item: Mapping[str, Any]) -> bool:
+    t = _type(item)
+    return t.endswith("_call") and isinstance(item.get("call_id"), str)
+
+
+def _is_output(item: Mapping[str, Any]) -> bool:
+    t = _type(item)
+    return t.endswith("_call_output") and isinstance(item.get("call_id"), str)
+
+
+def _text(value: Any) -> str:
+    """The readable text of a content value (string, parts, or anything JSON)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for part in value:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, Mapping) and isinstance(part.get("refusal"), str):
+                parts.append(part["refusal"])
+            else:
+                parts.append(_json(part))
+        return "\n".join(parts)
+    return "" if value is None else _json(value)
+
+
+def _content(value: Any) -> Any:
+    """Chat content for a message item's content: text stays text, images are counted
+    as images, any other part as its type."""
+    if not isinstance(value, list):
+        return _text(value)
+    blocks: list[dict[str, Any]] = []
+    for part in value:
+        if isinstance(part, Mapping) and part.get("type") == "input_image":
+            url = part.get("image_url")
+            if isinstance(url, str):
+                blocks.append({"type": "image_url", "image_url": {"url": url}})
+                continue
+        blocks.append({"type": "text", "text": _text([part])})
+    return blocks
+
+
+def _reasoning_text(items: Sequence[Mapping[str, Any]]) -> str:
+    out = []
+    for item in items:
+        for key in ("summary", "content"):
+            text = _text(item.get(key))
+            if text:
+                out.append(text)
+    return "\n".join(out)
+
+
+def _call(item: Mapping[str, Any]) -> dict[str, Any]:
+    if _type(item) == "function_call":
+        name, arguments = item.get("name"), item.get("arguments")
+    else:  # computer_call, shell_call, custom_tool_call…: the item's own fields
+        name = _type(item)
+        arguments = _json({k: v for k, v in item.items() if k not in ("type", "call_id", "id")})
+    return {
+        "id": item["call_id"],
+        "type": "function",
+        "function": {
+            "name": name if isinstance(name, str) else _type(item),
+            "arguments": arguments if isinstance(arguments, str) else _json(arguments),
+        },
+    }
+
+
+def _as_is(item: Mapping[str, Any]) -> bool:
+    """A message item the ledger can store verbatim: chat role, and content the token
+    counter reads (a string, or typed parts such as ``input_text`` / ``output_text``)."""
+    content = item.get("content")
+    return (
+        _type(item) == "message"
+        and item.get("role") in _CHAT_ROLES
+        and not any(k in item for k in (ITEMS_KEY, "tool_calls", "tool_call_id"))
+        and (
+            isinstance(content, str)
+            or (
+                isinstance(content, list)
+                and all(isinstance(p, Mapping) and isinstance(p.get("type"), str) for p in content)
+            )
+        )
+    )
+
+
+def _to_message(group: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One ledger message (OpenAI chat shape) for a group of items (see module doc)."""
+    if len(group) == 1 and _as_is(group[0]):
+        return dict(group[0])  # no copy of the text beside it: the item is the message
+    reasoning = [i for i in group if _type(i) == "reasoning"]
+    main = [i for i in group if _type(i) != "reasoning"]
+    message: dict[str, Any]
+    if main and _is_call(main[0]):
+        message = {"role": "assistant", "content": None, "tool_calls": [_call(i) for i in main]}
+    elif main and _is_output(main[0]):
+        message = {
+            "role": "tool",
+            "tool_call_id": main[0]["call_id"],
+            "content": _text(main[0].get("output")),
+        }
+    elif main and _type(main[0]) == "message" and main[0].get("role") in _CHAT_ROLES:
+        message = {"role": main[0]["role"], "content": _content(main[0].get("content"))}
+    elif main:  # an item type with no chat counterpart: its JSON, counted and searchable
+        message = {"role": "assistant", "content": _json(main[0])}
+    else:  # reasoning with nothing after it
+        message = {"role": "assistant", "content": ""}
+    if reasoning:
+        message["reasoning_content"] = _reasoning_text(reasoning)
+    message[ITEMS_KEY] = [dict(i) for i in group]
+    return message
+
+
+def _groups(items: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """Split a batch into message groups. Calls in a row (reasoning between them
+    included) are one group, as is reasoning right after them, so a call's unit is never
+    broken by an assistant message of its own; other reasoning joins the item after it;
+    everything else is a group of its own."""
+    groups: list[list[Mapping[str, Any]]] = []
+    pending: list[Mapping[str, Any]] = []
+
+    def after_calls() -> bool:
+        return bool(groups) and any(_is_call(i) for i in groups[-1])
+
+    for item in items:
+        if _type(item) == "reasoning":
+            pending.append(item)
+        elif _is_call(item) and after_calls():
+            groups[-1] += [*pending, item]
+            pending = []
+        elif _is_output(item):
+            if pending and after_calls():
+                groups[-1] += pending
+            elif pending:
+                groups.append(pending)
+            pending = []
+            groups.append([item])
+        else:
+            groups.append([*pending, item])
+            pending = []
+    if pending:
+        if after_calls():
+            groups[-1] += pending
+        else:
+            groups.append(pending)
+    return groups
+
+
+def _check_items(items: Any) -> list[Mapping[str, Any]]:
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
+        raise InvalidArgument("add_items takes a list of items", field="items")
+    for n, item in enumerate(items):
+        if not isinstance(item, Mapping) or not _type(item):
+            raise InvalidMessage(
+                f"items[{n}] is not a Responses input item (a dict with 'type' or 'role')",
+                field=f"items[{n}]",
+            )
+        if _type(item) == "message" and item.get("role") not in _CHAT_ROLES:
+            raise InvalidMessage(
+                f"items[{n}] has role {item.get('role')!r}; expected one of {sorted(_CHAT_ROLES)}",
+                field=f"items[{n}].role",
+            )
+    return list(items)
+
+
+def _from_message(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The items a view message stands for: the originals when the message is as it was
+    stored, else (a summary, a recall block, a pruned tool output) its chat form."""
+    stored = message.get(ITEMS_KEY)
+    if isinstance(stored, list) and stored and _to_message(stored) == dict(message):
+        return [dict(i) for i in stored]
+    if stored is None and _as_is(message):
+        return [dict(message)]  # stored verbatim, or a summary / recall block / bridge
+    role = message.get("role")
+    if role == "tool":
+        return [
+            {
+                "type": "function_call_output",
+                "call_id": str(message.get("tool_call_id", "")),
+                "output": _text(message.get("content")),
+            }
+        ]
+    out: list[dict[str, Any]] = []
+    text = _text(message.get("content"))
+    if text or not message.get("tool_calls"):
+        out.append({"role": role if role in _CHAT_ROLES else "user", "content": text})
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        out.append(
+            {
+                "type": "function_call",
+                "call_id": call.get("id", ""),
+                "name": function.get("name", ""),
+                "arguments": function.get("arguments", ""),
+            }
+        )
+    return out
+
+
+class LedgerSession(SessionABC):
+    """An Agents SDK session whose items live in a contextledger ledger.
+
+    ``LedgerSession("user-42", ledger=ledger)`` (an open ``Ledger``) or
+    ``LedgerSession("user-42", dsn="postgresql://…")`` (opened on first use; ``close()``
+    closes it). ``token_budget``: ``get_items()`` returns the view fitted to that many
+    tokens (compacted per the session's config, call/output pairs kept whole) instead of
+    the whole history. ``model`` and ``config`` go to ``ledger.session``.
+
+    Errors: bad input (``InvalidMessage``, ``InvalidArgument``, ``ConfigError``) is raised
+    as the SDK's ``UserError`` (the typed error is its ``__cause__``; nothing is written);
+    every other ``ContextLedgerError`` (``LedgerUnavailable``, ``ConcurrencyError``…)
+    propagates as is, with its stable ``code``.
+    """
+
+    session_settings: SessionSettings | None = None
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        ledger: Ledger | None = None,
+        dsn: str | None = None,
+        token_budget: int | None = None,
+        model: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        session_settings: SessionSettings | None = None,
+    ) -> None:
+        if (ledger is None) == (dsn is None):
+            raise UserError("LedgerSession takes exactly one of ledger= or dsn=")
+        if token_budget is not None and (
+            isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget <= 0
+        ):
+            raise UserError("token_budget must be a positive int")
+        self.session_id = session_id
+        self.session_settings = session_settings or SessionSettings()
+        self.token_budget = token_budget
+        self._ledger = ledger
+        self._dsn = dsn
+        self._owns_ledger = ledger is None
+        self._model = model
+        self._config = dict(config) if config is not None else None
+        self._session: Session | None = None
+        self._lock = asyncio.Lock()
+
+    async def session(self) -> Session:
+        """The underlying contextledger ``Session`` (checkpoints, verify, usage…)."""
+        if self._session is None:
+            async with self._lock:
+                if self._session is None:
+                    try:
+                        if self._ledger is None:
+                            self._ledger = await Ledger.open(self._dsn)
+                        self._session = await self._ledger.session(
+                            self.session_id, model=self._model, config=self._config
+                        )
+                    except _BAD_INPUT as exc:
+                        raise UserError(str(exc)) from exc
+        return self._session
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The history as items (oldest first); the latest ``limit`` items if given (else
+        ``session_settings.limit``). With ``token_budget``, the budget-fitted view."""
+        session = await self.session()
+        if limit is None and self.session_settings is not None:
+            limit = self.session_settings.limit
+        try:
+            if self.token_budget is not None:
+                messages = await session.get_messages_for_request(self.token_budget)
+            else:
+                messages = await session.view()
+        except _BAD_INPUT as exc:
+            raise UserError(str(exc)) from exc
+        items = [item for m in messages for item in _from_message(m)]
+        if limit is not None:
+            items = items[-limit:] if limit > 0 else []
+        return cast(list[TResponseInputItem], items)
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        """Append the items: all of them in one atomic batch, or (bad input) none."""
+        session = await self.session()
+        try:
+            checked = _check_items(items)
+            if checked:
+                await session.add_messages([_to_message(g) for g in _groups(checked)])
+        except _BAD_INPUT as exc:
+            raise UserError(str(exc)) from exc
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Remove the last item from the view and return it (``None`` when empty).
+
+        Recorded as a rollback to just before the message that holds it: the ledger keeps
+        the item, and ``session.rollback`` to a later seq brings it back."""
+        session = await self.session()
+        view = await session.view_items()
+        if not view:
+            return None
+        last = view[-1]
+        items = _from_message(last.message)
+        if last.kind == "message" and last.ref[1] == 0 and last.seq > 1:
+            await session.rollback(last.seq - 1)
+        else:  # a summary or a replaced view: write the view without it
+            await session.set_messages([dict(i.message) for i in view[:-1]])
+        if len(items) > 1:
+            await session.add_messages([_to_message(g) for g in _groups(items[:-1])])
+        return cast(TResponseInputItem, items[-1]) if items else None
+
+    async def clear_session(self) -> None:
+        """Empty the view (a ``session.cleared`` event; the history stays in the ledger)."""
+        await (await self.session()).clear()
+
+    async def close(self) -> None:
+        """Close the ledger when this session opened it (``dsn=``)."""
+        if self._owns_ledger and self._ledger is not None:
+            await self._ledger.close()
+            self._ledger, self._session = None, None
