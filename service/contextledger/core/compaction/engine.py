@@ -276,6 +276,7 @@ def run(
         total -= unit_tokens[k]
     forced: list[int] = []
     dropped_in_order: list[int] = []
+    summaries: list[int] = []
     if total > limit:
         # 3. the strategy's order; summaries last, protected never
         layout = Layout(
@@ -292,7 +293,7 @@ def run(
             counter=counter,
         )
         ranking = ranker(layout)
-        summaries = [k for k in range(len(units)) if layout.is_summary(k)]
+        summaries[:] = [k for k in range(len(units)) if layout.is_summary(k)]
         summary_set = set(summaries)
         for k in ranking.forced:
             if not protected[k] and not dropped_units[k] and k not in summary_set:
@@ -320,8 +321,15 @@ def run(
             dropped_units[k] = True
             total -= unit_tokens[k]
     # 4. fill up to the limit again: the last units dropped first (newest-first for
-    # truncate), then the strategy's forced drops, then duplicates, newest first
-    for k in (*reversed(dropped_in_order), *reversed(forced), *reversed(duplicates)):
+    # truncate), then the strategy's forced drops, then duplicates, newest first. A
+    # summary that gave way to the budget comes back first, and while one stays out
+    # nothing else does: it stands for more turns than any unit it would make room for
+    for k in reversed(summaries):
+        if dropped_units[k] and total + unit_tokens[k] <= limit:
+            dropped_units[k] = False
+            total += unit_tokens[k]
+    refill = (*reversed(dropped_in_order), *reversed(forced), *reversed(duplicates))
+    for k in () if any(dropped_units[k] for k in summaries) else refill:
         if k < floor and dropped_units[k] and total + unit_tokens[k] <= limit:
             dropped_units[k] = False
             total += unit_tokens[k]

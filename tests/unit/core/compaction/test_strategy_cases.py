@@ -286,3 +286,28 @@ def test_orphans_are_dropped_and_unanswered_calls_answered() -> None:
     decided, result = run(view, tokens(view) * 2)
     assert decided.drop == (view[0].ref,)
     assert len(decided.synthetic) == 1 and decided.synthetic[0] in result
+
+
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
+def test_a_summary_dropped_for_the_budget_is_not_replaced_by_a_newer_small_unit(
+    strategy: str,
+) -> None:
+    # found by the invariant property test: the summary gave way to the budget, then the
+    # refill put back a newer unit its removal made room for
+    view = items(
+        [
+            system("You are terse."),
+            user("an old question"),
+            Spec(assistant("summary of turns one to forty " * 6), kind="summary"),
+            assistant("ok"),
+            Spec(user("the latest question"), critical=True),
+        ]
+    )
+    sys_, old, summary, ok, latest = view
+    target = sys_.tokens + latest.tokens + ok.tokens + 1
+    assert summary.tokens > ok.tokens + 1
+    _, result = run(view, target, strategy, keep_recent=1)
+    kept = {i.ref for i in result}
+    assert summary.ref not in kept  # it cannot fit
+    assert ok.ref not in kept and old.ref not in kept  # and nothing takes its place
+    assert kept == {sys_.ref, latest.ref}
