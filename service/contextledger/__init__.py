@@ -6,13 +6,14 @@ list); the modules behind it are internal and may move.
 
 from contextledger.compactor import PRE_COMPACT_LABEL, ManageResult
 from contextledger.core.budget import Budget, Pressure, PressureThresholds, Usage
-from contextledger.core.chain import VerifyReport
+from contextledger.core.chain import Anchor, VerifyReport
 from contextledger.core.config import STRATEGIES, ContextConfig, SummarizerConfig, SummarizerModel
 from contextledger.core.events import Event
 from contextledger.core.model_limits import ModelLimits
 from contextledger.core.tokens import TokenCounter
 from contextledger.core.view import ViewItem
 from contextledger.errors import (
+    ChainBroken,
     CheckpointNotFound,
     CompactionError,
     ConcurrencyError,
@@ -24,6 +25,7 @@ from contextledger.errors import (
     InvalidImport,
     InvalidMessage,
     LedgerClosed,
+    LedgerRefused,
     LedgerUnavailable,
     MigrationRequired,
     MissingExtra,
@@ -46,6 +48,8 @@ from contextledger.hooks import (
 from contextledger.ledger import Ledger
 from contextledger.log_setup import library_defaults as _library_defaults
 from contextledger.protocols import ContextManager
+from contextledger.provider_shapes import ProviderRequest
+from contextledger.retry import RetryPolicy
 from contextledger.session import Session
 from contextledger.store.base import Checkpoint, RebuildReport, SessionInfo
 from contextledger.summarizer import FallbackCallback
@@ -62,7 +66,9 @@ __all__ = [
     "PRE_COMPACT_LABEL",
     "STRATEGIES",
     "SUMMARIZATION",
+    "Anchor",
     "Budget",
+    "ChainBroken",
     "Checkpoint",
     "CheckpointNotFound",
     "CompactContext",
@@ -83,6 +89,7 @@ __all__ = [
     "InvalidMessage",
     "Ledger",
     "LedgerClosed",
+    "LedgerRefused",
     "LedgerUnavailable",
     "ManageResult",
     "MigrationRequired",
@@ -90,7 +97,9 @@ __all__ = [
     "ModelLimits",
     "Pressure",
     "PressureThresholds",
+    "ProviderRequest",
     "RebuildReport",
+    "RetryPolicy",
     "SeqOutOfRange",
     "Session",
     "SessionExists",

@@ -42,6 +42,11 @@ def test_pinned_surface() -> None:
         "InvalidImport",
         "PRE_COMPACT",
         "POST_COMPACT",
+        "Anchor",
+        "ProviderRequest",
+        "RetryPolicy",
+        "LedgerRefused",
+        "InvalidImport",
     }
 
 
