@@ -46,7 +46,6 @@ def test_pinned_surface() -> None:
         "ProviderRequest",
         "RetryPolicy",
         "LedgerRefused",
-        "InvalidImport",
     }
 
 
