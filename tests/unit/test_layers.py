@@ -74,3 +74,46 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     graph.add_import(importer="pkg.b", imported="pkg.a")
     graph.add_import(importer="pkg.c", imported="pkg.a")
     assert _cycles(graph, set(graph.modules)) == [["pkg.a", "pkg.b"]]
+
+
+def _top_level() -> set[str]:
+    graph = grimp.build_graph("contextledger", cache_dir=None)
+    return {m for m in graph.modules if m.count(".") == 1}
+
+
+def _contract(name: str) -> list[str]:
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    contracts = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]["contracts"]
+    [contract] = [c for c in contracts if c["name"].startswith(name)]
+    return list(contract["forbidden_modules"])
+
+
+def test_the_layer_contracts_name_every_module() -> None:
+    """A new top-level module is forbidden to core and store unless listed as allowed here:
+    import-linter only checks the modules a contract names."""
+    modules = _top_level()
+    core_may = {"contextledger.core", "contextledger.errors"}
+    store_may = core_may | {"contextledger.store", "contextledger.extras"}
+    assert modules - core_may <= set(_contract("core is pure"))
+    assert modules - store_may <= set(_contract("store adapters"))
+
+
+def test_core_and_store_import_only_what_they_may_lazy_imports_included() -> None:
+    graph = grimp.build_graph("contextledger", cache_dir=None)
+    allowed = {
+        "contextledger.core": ("contextledger.core", "contextledger.errors"),
+        "contextledger.store": (
+            "contextledger.core",
+            "contextledger.store",
+            "contextledger.errors",
+            "contextledger.extras",
+        ),
+    }
+    for layer, may in allowed.items():
+        for module in graph.find_descendants(layer) | {layer}:
+            for imported in graph.find_modules_directly_imported_by(module):
+                if imported.startswith("contextledger"):
+                    assert imported.startswith(may), f"{module} imports {imported}"
