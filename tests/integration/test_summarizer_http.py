@@ -31,43 +31,12 @@ from tests.fakellm import (
     server_error,
     slow,
 )
+from tests.samples import MESSAGES
 
 COUNTER = CharsCounter()
 FAST = Backoff(base_s=0.01, factor=2.0, max_s=0.05, jitter=0.0, retry_after_cap_s=5.0)
 SUMMARY = "## Task overview\n- Port the ledger to PostgreSQL 18.\n## Durable facts\n- port 8443"
 
-MESSAGES: list[dict[str, Any]] = [
-    {
-        "role": "user",
-        "content": "My name is Ada. Please move the ledger to PostgreSQL; the port is 8443.",
-    },
-    {
-        "role": "assistant",
-        "content": "Let's use asyncpg. I'll read the config first.",
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "read_file", "arguments": '{"path": "service/config.yaml"}'},
-            }
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_1", "content": "db: sqlite\nport: 8443"},
-    {
-        "role": "assistant",
-        "content": [
-            {"type": "thinking", "thinking": "secret chain of thought", "signature": "sig=="},
-            {"type": "text", "text": "Config read. We decided to keep port 8443."},
-        ],
-    },
-    {
-        "role": "user",
-        "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_9", "content": "ImportError: asyncpg"},
-            {"type": "text", "text": "It failed with ImportError, fix it please."},
-        ],
-    },
-]
 TOKENS_BEFORE = COUNTER.count_messages(MESSAGES)
 
 
