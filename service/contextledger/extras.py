@@ -16,19 +16,32 @@ from contextledger.errors import MissingExtra
 EXTRAS = {
     "embedded": "the embedded PostgreSQL server (Ledger.open() without a dsn)",
     "cli": "the contextledger command line",
+    "service": "the contextledger HTTP service",
+    "openai-agents": "the OpenAI Agents adapter (contextledger.adapters.openai_agents)",
+    "pydantic-ai": "the pydantic-ai adapter (contextledger.adapters.pydantic_ai)",
+    "adk": "the Google ADK adapter (contextledger.adapters.adk)",
+    "langchain": "the LangChain / LangGraph adapter (contextledger.adapters.langchain)",
 }
+#: The extras ``[all]`` installs (the framework adapters are not among them).
+IN_ALL = frozenset({"embedded", "cli", "service"})
+
+
+def missing_extra(extra: str, *missing: str) -> MissingExtra:
+    """The error for ``extra`` whose packages ``missing`` are not installed."""
+    also = " (or 'contextledger[all]')" if extra in IN_ALL else ""
+    return MissingExtra(
+        f"{EXTRAS.get(extra, extra)} needs {', '.join(missing)}, which is not installed: "
+        f"pip install 'contextledger[{extra}]'{also}",
+        extra=extra,
+        missing=list(missing),
+    )
 
 
 def require_extra(extra: str, *modules: str) -> None:
     """Raise ``MissingExtra`` unless every module in ``modules`` can be imported."""
     missing = [m for m in modules if _absent(m)]
     if missing:
-        raise MissingExtra(
-            f"{EXTRAS.get(extra, extra)} needs {', '.join(missing)}, which is not installed: "
-            f"pip install 'contextledger[{extra}]' (or 'contextledger[all]')",
-            extra=extra,
-            missing=missing,
-        )
+        raise missing_extra(extra, *missing)
 
 
 def _absent(module: str) -> bool:

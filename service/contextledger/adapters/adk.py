@@ -38,10 +38,10 @@ from contextledger import (
     ConcurrencyError,
     InvalidArgument,
     Ledger,
-    MissingExtra,
     Session,
     SessionNotFound,
 )
+from contextledger.extras import missing_extra
 
 try:
     from google.adk.errors import StaleSessionError
@@ -52,12 +52,7 @@ try:
     from google.adk.sessions import Session as AdkSession
     from google.adk.sessions.base_session_service import GetSessionConfig, ListSessionsResponse
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
-    raise MissingExtra(
-        "contextledger.adapters.adk needs google-adk, which is not installed: "
-        "pip install 'contextledger[adk]'",
-        extra="adk",
-        missing=["google-adk"],
-    ) from exc
+    raise missing_extra("adk", "google-adk") from exc
 
 __all__ = ["InvalidAdkArgument", "LedgerSessionService", "copy_session", "ledger_session_id"]
 

@@ -30,7 +30,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-from contextledger import InvalidArgument, InvalidMessage, Ledger, MissingExtra, Session
+from contextledger import InvalidArgument, InvalidMessage, Ledger, Session
+from contextledger.extras import missing_extra
 
 try:
     from langchain_core.chat_history import BaseChatMessageHistory
@@ -47,12 +48,7 @@ try:
     )
     from langchain_core.runnables import RunnableConfig, RunnableLambda
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
-    raise MissingExtra(
-        "contextledger.adapters.langchain needs langchain-core (and langgraph for agents), "
-        "which is not installed: pip install 'contextledger[langchain]'",
-        extra="langchain",
-        missing=["langchain-core"],
-    ) from exc
+    raise missing_extra("langchain", "langchain-core") from exc
 
 __all__ = [
     "InvalidLangChainMessage",

@@ -33,8 +33,8 @@ from contextledger.errors import (
     ConfigError,
     InvalidArgument,
     InvalidMessage,
-    MissingExtra,
 )
+from contextledger.extras import missing_extra
 
 try:
     from agents.exceptions import UserError
@@ -42,12 +42,7 @@ try:
     from agents.memory.session import SessionABC
     from agents.memory.session_settings import SessionSettings
 except ImportError as exc:  # tests/unit/test_adapters_optional.py blocks the import
-    raise MissingExtra(
-        "the OpenAI Agents adapter needs openai-agents, which is not installed: "
-        "pip install 'contextledger[openai-agents]'",
-        extra="openai-agents",
-        missing=["agents"],
-    ) from exc
+    raise missing_extra("openai-agents", "agents") from exc
 
 __all__ = ["ITEMS_KEY", "LedgerSession"]
 

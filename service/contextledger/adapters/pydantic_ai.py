@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from contextledger import Ledger, Session
-from contextledger.errors import InvalidArgument, InvalidMessage, MissingExtra
+from contextledger.errors import InvalidArgument, InvalidMessage
+from contextledger.extras import missing_extra
 
 try:
     from pydantic_ai.capabilities import ProcessHistory
@@ -47,12 +48,7 @@ try:
         UserPromptPart,
     )
 except ImportError as exc:  # tests/unit/test_adapters_optional.py blocks the import
-    raise MissingExtra(
-        "the pydantic-ai adapter needs pydantic-ai, which is not installed: "
-        "pip install 'contextledger[pydantic-ai]'",
-        extra="pydantic-ai",
-        missing=["pydantic_ai"],
-    ) from exc
+    raise missing_extra("pydantic-ai", "pydantic_ai") from exc
 
 __all__ = ["MESSAGE_KEY", "LedgerHistory"]
 
