@@ -1,7 +1,8 @@
 """Compaction for one session: compact, manage, summaries, and when it runs by itself.
 
-``maybe_compact`` is the one place that decides automatic compaction; both the
-append path and the request path ask it. What to drop or summarize is decided by
+Automatic compaction is decided in two places: ``maybe_compact`` after an append
+(``auto_compact``), ``summarize_in_background`` after a request (the ``summarize``
+strategy, off the turn's path). What to drop or summarize is decided by
 the pure planners in ``core/compaction``; this module records the decision as events
 (a checkpoint first, so a rollback undoes it) and announces it on the hook bus.
 """
@@ -9,7 +10,6 @@ the pure planners in ``core/compaction``; this module records the decision as ev
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -19,6 +19,7 @@ import structlog
 from contextledger import hooks as hk
 from contextledger.core.budget import Budget, Usage
 from contextledger.core.compaction import RequestPlanner, plan, prune_tool_outputs
+from contextledger.core.compaction.request import thresholds
 from contextledger.core.compaction.select import select_for_summary
 from contextledger.core.config import REDACTED, STRATEGIES, ContextConfig
 from contextledger.core.events import (
@@ -83,30 +84,16 @@ class Compactor:
         #: the last background summary that failed (typed), ``None`` once one succeeds
         self.summary_failure: CompactionError | None = None
 
-    async def maybe_compact(
-        self, trigger: Literal["append", "request"], *, budget: int | None = None
-    ) -> None:
-        """Compact automatically when the configuration asks for it and the view has grown.
-
-        After an append: with ``auto_compact``, ``manage()`` once the view crosses the
-        threshold. Before a request (``budget`` = the request's available tokens): with
-        ``auto_compact`` and ``summarize``, record a rolling summary at the level the
-        request planner would otherwise compact at.
-        """
+    async def maybe_compact(self) -> None:
+        """After an append, with ``auto_compact``: ``manage()`` once the view crosses the
+        threshold of the budget in force. (``summarize`` makes its summaries in the
+        background from the request path instead.)"""
         cfg = self._s.config
-        if not cfg.auto_compact or self._compacting or trigger != "append":
+        if not cfg.auto_compact or self._compacting or cfg.compaction_strategy == "summarize":
             return
-        if cfg.compaction_strategy == "summarize":
-            return  # summaries are made in the background from the request path
         current = await self._s.usage()  # against the budget in force
         if current.fraction >= cfg.compact_threshold:
             await self.manage(trigger="auto")
-
-    def levels(self, budget: int) -> tuple[int, int]:
-        """(trigger, target) token levels for ``budget``."""
-        cfg = self._s._config
-        cap = min(budget, cfg.max_tokens) if cfg.max_tokens else budget
-        return math.floor(cfg.compact_threshold * cap), max(1, math.floor(cfg.compact_target * cap))
 
     async def compact(
         self,
@@ -124,7 +111,7 @@ class Compactor:
         if trigger not in ("manual", "auto"):
             raise InvalidArgument("trigger is 'manual' or 'auto'", field="trigger")
         budget = self._s.budget(token_budget).available
-        _, target = self.levels(budget)
+        _, _, target = thresholds(max(1, budget), self._s._config)
         items = await self._s._store.read_view(self._s.session_id)
         before = sum(i.tokens for i in items)
         decision = await hk.decide(
@@ -373,17 +360,6 @@ class Compactor:
             if saved:
                 actions.append(f"emergency truncate ({saved} tokens)")
         return ManageResult(state, tuple(actions), before, await self._s.get_token_count())
-
-    async def _auto_summarize(self, budget: int) -> None:
-        """Record a rolling summary once the view crosses the threshold.
-
-        ``compact`` never loses the turn: if no model gives a valid summary it records
-        the deterministic strategy instead, which takes the view down to the target,
-        so the next attempt waits for the next crossing (no retry storm).
-        """
-        trigger, _ = self.levels(budget)
-        if await self._s.get_token_count() >= trigger:
-            await self.compact("summarize", trigger="auto", token_budget=budget)
 
     # -- background summaries (the summarize strategy, off the turn's path) ----------
 

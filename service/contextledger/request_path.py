@@ -142,7 +142,6 @@ class RequestPath:
         cfg = s._config
         recall_room = reserve_for(budget, cfg.recall)  # the recall block's share
         budget -= recall_room
-        await s._compactor.maybe_compact("request", budget=budget)
         # 1. plan
         planner = await self._request_planner(budget)
         # 2. fit (ephemeral messages merged in; the engine only when over the budget)

@@ -217,7 +217,7 @@ class Session:
                     "total_tokens": await self.get_token_count(),
                 },
             )
-        await self._compactor.maybe_compact("append")
+        await self._compactor.maybe_compact()
         return seq
 
     async def add_messages(
@@ -230,7 +230,7 @@ class Session:
         """
         seqs = await self._writes.add_batch(messages, critical)
         if seqs:
-            await self._compactor.maybe_compact("append")
+            await self._compactor.maybe_compact()
         return seqs
 
     async def include(
