@@ -178,12 +178,18 @@ class CteWriter:
         self.sql = sql
         self.datas = datas
         self.seq = 1  # seq 1 is session.created
+        self.last: str | None = None
 
     async def run(self, n: int) -> None:
         conn, sid, datas, sql = self.conn, self.session_id, self.datas, self.sql
+        if self.last is None:  # appends are pinned to the previous hash, as the store's are
+            self.last = await conn.fetchval(
+                "SELECT last_hash FROM contextledger.sessions WHERE session_id = $1", sid
+            )
         for _ in range(n):
             self.seq += 1
             data = datas[self.seq % len(datas)]
+            new_hash = f"{self.seq:064x}"
             tokens = await conn.fetchval(
                 sql,
                 sid,
@@ -193,10 +199,12 @@ class CteWriter:
                 data["tokens"],
                 datetime.now(UTC),
                 None,
-                FAKE_HASH,
+                new_hash,
+                self.last,
             )
             if tokens is None:
                 raise RuntimeError(f"CTE append to {sid} at seq {self.seq} matched no row")
+            self.last = new_hash
 
 
 class OursWriter:
