@@ -143,7 +143,7 @@ class RequestPath:
         recall_room = reserve_for(budget, cfg.recall)  # the recall block's share
         budget -= recall_room
         # 1. plan
-        planner = await self._request_planner(budget)
+        planner = await self._request_planner(budget, recall_room)
         # 2. fit (ephemeral messages merged in; the engine only when over the budget)
         try:
             items = planner.view(s._ephemeral)
@@ -184,7 +184,7 @@ class RequestPath:
             },
         )
 
-    async def _request_planner(self, budget: int) -> RequestPlanner:
+    async def _request_planner(self, budget: int, recall_room: int) -> RequestPlanner:
         """The planner for ``budget``, caught up with the ledger: reused when nothing
         moved, fed just the delta when another writer appended, rebuilt from the view's
         tail (O(budget) rows) when the view was rewritten or the budget changed."""
@@ -199,7 +199,7 @@ class RequestPath:
         if planner is not None and self._planned < s._head:
             planner = await self._catch_up(planner)
         if planner is None:
-            planner = await self._load_planner(budget)
+            planner = await self._load_planner(budget, recall_room)
         self._checked = False
         return planner
 
@@ -220,7 +220,7 @@ class RequestPath:
         s._writes.forget_tail()
         return planner
 
-    async def _load_planner(self, budget: int) -> RequestPlanner:
+    async def _load_planner(self, budget: int, recall_room: int) -> RequestPlanner:
         s = self._s
         tail = await s._store.read_view_tail(s.session_id, 2 * budget)
         summaries = sum(1 for i in (*tail.pinned, *tail.items) if i.kind == "summary")
@@ -229,7 +229,8 @@ class RequestPath:
             raise CompactionError(
                 "no room left once bridge messages are reserved", code="NO_TOKEN_BUDGET"
             )
-        planner = RequestPlanner(room, s._config, s.counter)
+        whole = room + recall_room  # the target is a share of the whole request
+        planner = RequestPlanner(room, s._config, s.counter, whole)
         planner.start(tail.before_tokens, tail.pinned)
         planner.extend(tail.items)
         self.planner, self._planner_budget = planner, budget
@@ -258,7 +259,13 @@ class RequestPath:
             raise CompactionError(
                 "no room left once bridge messages are reserved", code="NO_TOKEN_BUDGET"
             )
-        items = plan_view(state.view, budget_tokens=budget, config=config, counter=s.counter)
+        items = plan_view(
+            state.view,
+            budget_tokens=budget,
+            config=config,
+            counter=s.counter,
+            whole_tokens=budget + recall_room,
+        )
         branch = [i.seq for i in state.branch if i.ref[1] == 0]
         view = await with_recall(s, items, recall_room, config, upto_seq=seq, branch=branch)
         return finish_request_view(view, target_model=target_model(provider, s.model))

@@ -133,3 +133,35 @@ async def test_reopening_a_long_session_serves_what_replay_gives(ledger: Ledger)
     assert await again.request_at(again.head, token_budget=budget) == sent
     planner = again._requests.planner
     assert planner is not None and planner.held < 120  # a tail, not 300 messages
+
+
+STRATEGY_CONFIGS = {
+    "truncate": {"compaction_strategy": "truncate"},
+    "priority": {"compaction_strategy": "priority"},
+    "importance": {"compaction_strategy": "importance"},
+    "summarize": {"compaction_strategy": "summarize", "summarizer": {"offline_fallback": True}},
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGY_CONFIGS))
+async def test_an_empty_recall_share_goes_to_the_view(ledger: Ledger, strategy: str) -> None:
+    # Every turn says something new, so recall finds nothing to bring back: the view alone
+    # must still fill at least 55% of the budget (recall's 15% share used to sit empty,
+    # leaving 0.6 x 0.85 = 0.51), never more than it, and replay must give the same.
+    session = await ledger.session(
+        f"share-{strategy}",
+        model="gpt-4o",
+        config={"token_counter": "chars", **STRATEGY_CONFIGS[strategy]},
+    )
+    budget, history, fills = 2000, 0, []
+    for n in range(120):
+        message = {"role": "user" if n % 2 == 0 else "assistant", "content": f"w{n}x " * 30}
+        await session.add_message(message)
+        history += session.counter.count_message(message)
+        sent = await session.get_messages_for_request(token_budget=budget)
+        if history > budget:
+            fills.append(sum(session.counter.count_message(m) for m in sent) / budget)
+            if n % 10 == 0:
+                assert await session.request_at(session.request_seq, token_budget=budget) == sent
+    await session.close()
+    assert fills and min(fills) >= 0.55 and max(fills) <= 1.0

@@ -253,3 +253,33 @@ async def test_a_failing_embedder_leaves_lexical_recall(pg_ledger: Ledger) -> No
     session = await planted(pg_ledger, {"recall": recall})
     request = await session.get_messages_for_request(token_budget=2000)
     assert any("18443" in b for b in recall_blocks(request))
+
+
+@pytest.mark.parametrize("left_out", ["oldest", "middle", "newest", "none"])
+async def test_the_search_finds_a_fact_in_any_part_the_request_left_out(
+    ledger: Ledger, left_out: str
+) -> None:
+    # The search skips its work when the request carries every message of the branch; a
+    # fact left out anywhere (before, between or after what is carried) must still be
+    # found, and nothing may come back when nothing was left out.
+    session = await ledger.session(f"gap-{left_out}", config={"token_counter": "chars"})
+    seqs = []
+    for i in range(9):
+        text = FACT if i == 4 else f"step {i}: please tidy the caching module"
+        seqs.append(await session.add_message({"role": "user", "content": text}))
+    carried = {
+        "oldest": seqs[5:],  # the fact lies before the oldest message carried
+        "middle": seqs[:4] + seqs[5:],  # in a gap between carried messages
+        "newest": seqs[:4],  # after the newest carried
+        "none": seqs,
+    }[left_out]
+    found = await session._store.search(
+        session.session_id,
+        QUESTION,
+        exclude=set(carried),
+        upto_seq=session.head,
+        branch=None,
+        limit=8,
+        text_config="english",
+    )
+    assert [s for s, _ in found] == ([] if left_out == "none" else [seqs[4]])

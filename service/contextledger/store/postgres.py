@@ -184,12 +184,23 @@ _ON_GIVEN_BRANCH = """
 #: event scores the weights of the lexemes it contains over 1 + ln(its distinct lexemes),
 #: times 1 + the ``ts_rank_cd`` of each (frequency and proximity, saturated; computed once
 #: per match, which is 2-3x cheaper than joining back for the top ones). What the request
-#: carries ($4) is left out; ties go to the newer event.
+#: carries ($4) is left out; ties go to the newer event. A request that carries every
+#: message of the branch (a session shorter than its budget) has nothing to recall: the
+#: gate sees it in two primary-key range probes (no message before the oldest carried one,
+#: and as many messages from there on as the request carries) and the rest never runs.
 SAMPLE, KEEP_RAREST, MAX_LEXEMES, MAX_CANDIDATES = 256, 3, 16, 2048
 _SEARCH = f"""
-WITH lq AS MATERIALIZED (
+WITH oldest AS MATERIALIZED (
+    SELECT coalesce(min(x), $3 + 1) AS seq FROM unnest($4::bigint[]) AS x
+), gate AS MATERIALIZED (
+    SELECT EXISTS (SELECT 1 FROM {S}.events e WHERE {{branch}}
+                      AND e.seq < (SELECT seq FROM oldest))
+        OR (SELECT count(*) FROM {S}.events e WHERE {{branch}}
+             AND e.seq >= (SELECT seq FROM oldest)) <> cardinality($4::bigint[]) AS open
+), lq AS MATERIALIZED (
     SELECT DISTINCT l, quote_literal(l)::tsquery AS q
       FROM unnest(tsvector_to_array(to_tsvector($6::regconfig, $2))) AS l
+     WHERE (SELECT open FROM gate)
 ), sample AS MATERIALIZED (
     SELECT {{vector}} AS v FROM {S}.events e
      WHERE e.session_id = $1 AND e.seq <= $3 AND e.seq > $3 - {2 * SAMPLE}
@@ -205,7 +216,7 @@ WITH lq AS MATERIALIZED (
 ), m AS MATERIALIZED (
     SELECT e.seq, {{vector}} AS v FROM {S}.events e
      WHERE {{vector}} @@ (SELECT string_agg(quote_literal(l), ' | ')::tsquery FROM rare)
-       AND {{branch}} AND NOT e.seq = ANY($4::bigint[])
+       AND {{branch}} AND NOT e.seq = ANY($4::bigint[]) AND EXISTS (SELECT 1 FROM rare)
      ORDER BY e.seq DESC LIMIT {MAX_CANDIDATES}
 ), hits AS MATERIALIZED (
     SELECT m.seq, rare.l, length(m.v) AS size, ts_rank_cd(m.v, rare.q, 2 | 32) AS r

@@ -41,15 +41,30 @@ from contextledger.errors import InvalidArgument
 DROPPED_KEPT_BUDGETS = 1
 
 
-def thresholds(budget_tokens: int, config: ContextConfig) -> tuple[int, int, int]:
-    """``(budget, trigger, target)`` in tokens; ``max_tokens`` caps the budget."""
+def thresholds(
+    budget_tokens: int, config: ContextConfig, whole_tokens: int | None = None
+) -> tuple[int, int, int]:
+    """``(budget, trigger, target)`` in tokens; ``max_tokens`` caps the budget.
+
+    ``whole_tokens`` is the request's whole budget when the view gets only part of it
+    (recall's share is held back): the target is then ``compact_target`` of the whole,
+    so a request whose recall block is empty still fills to the target rather than to
+    the target of the view's part (0.6 x 0.85 = 0.51 with the defaults). It never passes
+    the midpoint between the view's own target and its trigger, so the hysteresis cell
+    keeps a size and the view never exceeds its part.
+    """
     if budget_tokens <= 0:
         raise InvalidArgument(
             f"budget_tokens must be > 0, got {budget_tokens}", key="budget_tokens"
         )
     budget = min(budget_tokens, config.max_tokens) if config.max_tokens else budget_tokens
     trigger = math.floor(config.compact_threshold * budget)
-    target = max(1, math.floor(config.compact_target * budget))
+    own = config.compact_target * budget
+    wanted = own
+    if whole_tokens is not None and whole_tokens > budget:
+        whole = min(whole_tokens, config.max_tokens) if config.max_tokens else whole_tokens
+        wanted = min(max(own, config.compact_target * whole), (trigger + own) / 2)
+    target = max(1, math.floor(wanted))
     return budget, trigger, target
 
 
@@ -73,8 +88,14 @@ class RequestPlanner:
     before the first item pushed, and the pinned items that lie before it).
     """
 
-    def __init__(self, budget_tokens: int, config: ContextConfig, counter: TokenCounter) -> None:
-        self.budget, self.trigger, self.target = thresholds(budget_tokens, config)
+    def __init__(
+        self,
+        budget_tokens: int,
+        config: ContextConfig,
+        counter: TokenCounter,
+        whole_tokens: int | None = None,
+    ) -> None:
+        self.budget, self.trigger, self.target = thresholds(budget_tokens, config, whole_tokens)
         self.budget_tokens = budget_tokens
         self.cell = max(1, self.trigger - self.target)
         self.config = config
@@ -301,9 +322,10 @@ def plan_view(
     config: ContextConfig,
     counter: TokenCounter,
     extra: Sequence[ViewItem] = (),
+    whole_tokens: int | None = None,
 ) -> tuple[ViewItem, ...]:
     """The request view for ``items`` (a whole view) at ``budget_tokens``: what a live
     session serves, recomputed from scratch (replay)."""
-    planner = RequestPlanner(budget_tokens, config, counter)
+    planner = RequestPlanner(budget_tokens, config, counter, whole_tokens)
     planner.extend(items)
     return planner.view(extra)

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from contextledger.core.compaction import RequestPlanner, plan, plan_view
-from contextledger.core.compaction.request import is_pinned
+from contextledger.core.compaction.request import is_pinned, thresholds
 from contextledger.core.config import ContextConfig
 from contextledger.core.units import group_units, provider_valid
 from contextledger.core.view import ViewItem
@@ -256,3 +256,13 @@ def test_every_strategy_fills_to_the_target_and_keeps_the_floor(
     floor = floor_refs(view, config.keep_recent)
     if tokens([i for i in view if i.ref in floor]) <= 0.3 * budget:
         assert floor <= set(decided.keep)
+
+
+def test_the_target_is_a_share_of_the_whole_request_when_recall_holds_part_back() -> None:
+    config = ContextConfig()  # threshold 0.92, target 0.6
+    assert thresholds(8500, config) == (8500, 7820, 5100)
+    # recall holds 1,500 of 10,000 back: the view fills to 0.6 of the whole, not of 8,500
+    assert thresholds(8500, config, whole_tokens=10_000) == (8500, 7820, 6000)
+    # a large share: never past the midpoint of the view's own target and trigger
+    assert thresholds(5000, config, whole_tokens=10_000) == (5000, 4600, 3800)
+    assert thresholds(8500, config, whole_tokens=8500) == thresholds(8500, config)
