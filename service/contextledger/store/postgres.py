@@ -193,10 +193,12 @@ _SEARCH = f"""
 WITH oldest AS MATERIALIZED (
     SELECT coalesce(min(x), $3 + 1) AS seq FROM unnest($4::bigint[]) AS x
 ), gate AS MATERIALIZED (
-    SELECT EXISTS (SELECT 1 FROM {S}.events e WHERE {{branch}}
-                      AND e.seq < (SELECT seq FROM oldest))
-        OR (SELECT count(*) FROM {S}.events e WHERE {{branch}}
-             AND e.seq >= (SELECT seq FROM oldest)) <> cardinality($4::bigint[]) AS open
+    SELECT (SELECT e.seq FROM {S}.events e WHERE {{branch}} AND e.seq < (SELECT seq FROM oldest)
+             ORDER BY e.seq LIMIT 1) IS NOT NULL
+        OR (SELECT count(*) FROM (SELECT FROM {S}.events e WHERE {{branch}}
+                                     AND e.seq >= (SELECT seq FROM oldest)
+                                   ORDER BY e.seq LIMIT cardinality($4::bigint[]) + 1) c)
+           <> cardinality($4::bigint[]) AS open
 ), lq AS MATERIALIZED (
     SELECT DISTINCT l, quote_literal(l)::tsquery AS q
       FROM unnest(tsvector_to_array(to_tsvector($6::regconfig, $2))) AS l
