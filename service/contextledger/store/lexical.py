@@ -9,12 +9,32 @@ candidates always rank the same way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import lru_cache
 from typing import Any
 
 K1 = 0.5
 B = 0.9
+#: A recall search's bounds, the same in both stores (PostgreSQL's ``_SEARCH`` spells these
+#: rules in SQL): each query lexeme's frequency is estimated on the last ``SAMPLE``
+#: messages; at most ``MAX_LEXEMES`` rare ones are searched; the newest ``MAX_CANDIDATES``
+#: matches are ranked.
+SAMPLE, KEEP_RAREST, MAX_LEXEMES, MAX_CANDIDATES = 256, 3, 16, 2048
+
+
+def rare_terms(query: Sequence[str], sample: Sequence[Collection[str]]) -> list[str]:
+    """The query's lexemes worth searching for, rarest first: those in at most a quarter of
+    the ``sample`` documents (or 8), plus the ``KEEP_RAREST`` rarest unless in half of them.
+    A lexeme in most of the recent history says little about what to recall and matches
+    most of it (BM25 gives it almost no weight), so searching for it is work for nothing."""
+    n = len(sample)
+    counted = sorted((sum(1 for doc in sample if t in doc), t) for t in set(query) if t)
+    kept = [
+        t
+        for rank_, (df, t) in enumerate(counted, start=1)
+        if df <= max(8, n // 4) or (rank_ <= KEEP_RAREST and 2 * df < n)
+    ]
+    return kept[:MAX_LEXEMES]
 
 
 @lru_cache(maxsize=8)

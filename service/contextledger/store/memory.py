@@ -7,7 +7,8 @@ degrades to memory behaves the same; it just does not survive the process.
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Collection, Sequence
+from bisect import bisect_right
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -40,6 +41,35 @@ from contextledger.store.base import AppendResult, Checkpoint, RebuildReport, Se
 
 
 @dataclass
+class _Postings:
+    """Lexemes of a session's messages and, per lexeme, the seqs holding it (ascending)."""
+
+    upto: int = 0
+    lexemes: dict[int, list[str]] = field(default_factory=dict)
+    sets: dict[int, frozenset[str]] = field(default_factory=dict)
+    postings: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, seq: int, text: str, text_config: str) -> None:
+        from contextledger.store import lexical
+
+        self.lexemes[seq] = lexical.tokenize(text, text_config)
+        self.sets[seq] = frozenset(self.lexemes[seq])
+        for term in self.sets[seq]:
+            self.postings.setdefault(term, []).append(seq)
+
+    def newest(self, term: str, upto_seq: int, keep: Callable[[int], bool], n: int) -> list[int]:
+        """The newest ``n`` seqs up to ``upto_seq`` holding ``term`` that ``keep`` accepts."""
+        seqs = self.postings.get(term, [])
+        out: list[int] = []
+        for i in range(bisect_right(seqs, upto_seq) - 1, -1, -1):
+            if keep(seqs[i]):
+                out.append(seqs[i])
+                if len(out) == n:
+                    break
+        return out
+
+
+@dataclass
 class _Stream:
     info: SessionInfo
     events: list[Event] = field(default_factory=list)
@@ -50,6 +80,32 @@ class _Stream:
     branch: list[ViewItem] = field(default_factory=list)
     view: list[ViewItem] = field(default_factory=list)
     stale: bool = False  # the lists grew since ``state`` was built
+    #: recall's index per text configuration, and the branch's message seqs (kept in step
+    #: with ``branch`` as it grows; rebuilt when a cold-path event replaces the list)
+    search: dict[str, _Postings] = field(default_factory=dict)
+    branch_seqs: set[int] = field(default_factory=set)
+    _branch_of: list[ViewItem] | None = None
+    _branch_seen: int = 0
+
+    def on_branch(self) -> set[int]:
+        """The seqs of the messages on the branch (what recall may bring back)."""
+        if self._branch_of is not self.branch:
+            self._branch_of, self._branch_seen, self.branch_seqs = self.branch, 0, set()
+        for item in self.branch[self._branch_seen :]:
+            if item.ref[1] == 0 and item.kind != "summary":
+                self.branch_seqs.add(item.seq)
+        self._branch_seen = len(self.branch)
+        return self.branch_seqs
+
+    def indexed(self, text_config: str, upto_seq: int) -> _Postings:
+        """Recall's index for ``text_config``, extended to the events up to ``upto_seq``
+        (each message tokenized once, when a search first needs it)."""
+        index = self.search.setdefault(text_config, _Postings())
+        for event in self.events[index.upto : max(index.upto, upto_seq)]:
+            if isinstance(event.payload, MessageAppended):
+                index.add(event.seq, message_text(event.payload.message), text_config)
+            index.upto = event.seq
+        return index
 
     def current(self) -> ViewState:
         if self.stale:
@@ -67,8 +123,6 @@ class MemoryStore(Store):
 
     def __init__(self) -> None:
         self._streams: dict[str, _Stream] = {}
-        #: (session, seq, text config) -> lexemes: each event is tokenized once
-        self._lexemes: dict[tuple[str, int, str], list[str]] = {}
 
     def _get(self, session_id: str) -> _Stream:
         try:
@@ -225,20 +279,8 @@ class MemoryStore(Store):
             if event.seq >= from_seq and (to_seq is None or event.seq <= to_seq):
                 yield event
 
-    def _candidates(
-        self, session_id: str, upto_seq: int, branch: Collection[int] | None
-    ) -> list[tuple[int, MessageAppended]]:
-        stream = self._get(session_id)
-        allowed = (
-            set(branch)
-            if branch is not None
-            else {i.seq for i in stream.branch if i.ref[1] == 0 and i.kind != "summary"}
-        )
-        return [
-            (e.seq, e.payload)
-            for e in stream.events[: max(0, upto_seq)]
-            if isinstance(e.payload, MessageAppended) and e.seq in allowed
-        ]
+    def _allowed(self, stream: _Stream, branch: Collection[int] | None) -> Collection[int]:
+        return set(branch) if branch is not None else stream.on_branch()
 
     async def search(
         self,
@@ -251,20 +293,25 @@ class MemoryStore(Store):
         limit: int,
         text_config: str,
     ) -> list[tuple[int, float]]:
+        """PostgreSQL's search in bounded work (lexical.py has the shared rules): rare query
+        lexemes by their frequency in the recent messages, the newest matches, BM25."""
         from contextledger.store import lexical
 
-        skip = set(exclude)
-        docs: list[tuple[int, Sequence[str]]] = []
-        for seq, payload in self._candidates(session_id, upto_seq, branch):
-            if seq in skip:
-                continue
-            key = (session_id, seq, text_config)
-            lexemes = self._lexemes.get(key)
-            if lexemes is None:
-                text = message_text(payload.message)
-                lexemes = self._lexemes[key] = lexical.tokenize(text, text_config)
-            docs.append((seq, lexemes))
-        return lexical.rank(lexical.tokenize(query, text_config), docs, limit)
+        stream = self._get(session_id)
+        index = stream.indexed(text_config, upto_seq)
+        recent = range(upto_seq, max(0, upto_seq - 2 * lexical.SAMPLE), -1)
+        sample = [index.sets[s] for s in recent if s in index.sets][: lexical.SAMPLE]
+        terms = lexical.rare_terms(lexical.tokenize(query, text_config), sample)
+        allowed, skip = self._allowed(stream, branch), set(exclude)
+
+        def keep(seq: int) -> bool:
+            return seq in allowed and seq not in skip
+
+        found: set[int] = set()
+        for term in terms:
+            found.update(index.newest(term, upto_seq, keep, lexical.MAX_CANDIDATES))
+        matches = sorted(found, reverse=True)[: lexical.MAX_CANDIDATES]
+        return lexical.rank(terms, [(s, index.lexemes[s]) for s in matches], limit)
 
     async def recall_messages(
         self,
@@ -274,12 +321,16 @@ class MemoryStore(Store):
         upto_seq: int,
         branch: Collection[int] | None,
     ) -> list[Recalled]:
-        wanted = set(seqs)
-        return [
-            Recalled(seq, copy.deepcopy(dict(payload.message)), payload.tokens)
-            for seq, payload in self._candidates(session_id, upto_seq, branch)
-            if seq in wanted
-        ]
+        stream = self._get(session_id)
+        allowed = self._allowed(stream, branch)
+        out: list[Recalled] = []
+        for seq in sorted(set(seqs)):
+            if not 0 < seq <= min(upto_seq, len(stream.events)) or seq not in allowed:
+                continue
+            payload = stream.events[seq - 1].payload
+            if isinstance(payload, MessageAppended):
+                out.append(Recalled(seq, copy.deepcopy(dict(payload.message)), payload.tokens))
+        return out
 
     async def checkpoints(self, session_id: str) -> list[Checkpoint]:
         return [
@@ -300,4 +351,3 @@ class MemoryStore(Store):
 
     async def close(self) -> None:
         self._streams.clear()
-        self._lexemes.clear()

@@ -55,6 +55,7 @@ from contextledger.store.base import (
 from contextledger.store.batching import AppendBatcher
 from contextledger.store.dsn import asyncpg_dsn, redact
 from contextledger.store.errors import translate, translated, translated_iter
+from contextledger.store.lexical import KEEP_RAREST, MAX_CANDIDATES, MAX_LEXEMES, SAMPLE
 
 log = structlog.get_logger(__name__)
 S = "contextledger"
@@ -188,7 +189,6 @@ _ON_GIVEN_BRANCH = """
 #: message of the branch (a session shorter than its budget) has nothing to recall: the
 #: gate sees it in two primary-key range probes (no message before the oldest carried one,
 #: and as many messages from there on as the request carries) and the rest never runs.
-SAMPLE, KEEP_RAREST, MAX_LEXEMES, MAX_CANDIDATES = 256, 3, 16, 2048
 _SEARCH = f"""
 WITH oldest AS MATERIALIZED (
     SELECT coalesce(min(x), $3 + 1) AS seq FROM unnest($4::bigint[]) AS x

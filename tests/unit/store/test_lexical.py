@@ -19,3 +19,23 @@ def test_bm25_ranks_deterministically_newest_first_on_ties() -> None:
     assert lexical.tokenize("max_workers", "english") == ["max", "worker"]
     assert lexical.tokenize("Workers", "simple") == ["workers"]
     assert lexical.rank([], docs, 5) == [] and lexical.rank(["zebra"], docs, 5) == []
+
+
+def test_lexemes_common_in_the_recent_messages_are_not_searched_for() -> None:
+    sample = [{"deploy", "cache"}] * 40 + [{"deploy", "orchard"}] * 2 + [{"cache"}] * 30
+    # 'deploy' is in 42 of 72, 'cache' in 70: both dropped; 'orchard' (2) and the unseen
+    # 'gateway' kept, rarest first
+    assert lexical.rare_terms(["deploy", "orchard", "cache", "gateway"], sample) == [
+        "gateway",
+        "orchard",
+    ]
+    # among few documents, nothing in at most 8 of them is dropped
+    assert lexical.rare_terms(["deploy", "cache"], [{"deploy", "cache"}] * 8) == [
+        "cache",
+        "deploy",
+    ]
+    # the 3 rarest stay while in under half of the sample, even above a quarter
+    half = [{"a"}] * 30 + [{"b"}] * 70
+    assert lexical.rare_terms(["a", "b"], half) == ["a"]
+    many = [f"t{i:02d}" for i in range(30)]
+    assert lexical.rare_terms(many, []) == many[: lexical.MAX_LEXEMES]
