@@ -64,20 +64,26 @@ def _finish_one(
     key = (item.ref, item.kind, model)
     hit = cache.get(key) if cache is not None else None
     if hit is None or hit[0] is not item.message:
-        message = dict(item.message)
-        if item.kind == "summary" and reasoning and message.get("role") == "assistant":
-            message = add_reasoning_block(message)
-        done: dict[str, Any] | None = message
-        if strip:
-            stripped = strip_signed_thinking([message])
-            done = stripped[0] if stripped else None
-        hit = (item.message, done, done is not None and _flat(done))
+        hit = _finished(item, reasoning, strip)
         if cache is not None:
             cache[key] = hit
     _, done, flat = hit
     if done is None:
         return None
     return dict(done) if flat else copy.deepcopy(done)
+
+
+def _finished(
+    item: ViewItem, reasoning: bool, strip: bool
+) -> tuple[Mapping[str, Any], dict[str, Any] | None, bool]:
+    message = dict(item.message)
+    if item.kind == "summary" and reasoning and message.get("role") == "assistant":
+        message = add_reasoning_block(message)
+    done: dict[str, Any] | None = message
+    if strip:
+        stripped = strip_signed_thinking([message])
+        done = stripped[0] if stripped else None
+    return item.message, done, done is not None and _flat(done)
 
 
 def finish_request_view(
@@ -88,18 +94,29 @@ def finish_request_view(
     if cache is not None and len(cache) > 4 * len(items) + 64:
         cache.clear()  # bounded by what requests carry, not by history
     out: list[dict[str, Any]] = []
+    append = out.append
+    last = len(items) - 1
     for n, item in enumerate(items):
-        is_summary = item.kind == "summary"
+        if item.kind != "summary":  # the common case, kept lean: one lookup and one copy
+            key = (item.ref, item.kind, target_model)
+            hit = cache.get(key) if cache is not None else None
+            if hit is None or hit[0] is not item.message:
+                hit = _finished(item, reasoning, strip)
+                if cache is not None:
+                    cache[key] = hit
+            done = hit[1]
+            if done is not None:
+                append(dict(done) if hit[2] else copy.deepcopy(done))
+            continue
         role = str(item.message.get("role", ""))
-        bridge_role = _other(role) if is_summary else None
+        bridge_role = _other(role)
         if bridge_role and out and out[-1].get("role") == role:
-            out.append({"role": bridge_role, "content": BRIDGES[bridge_role]})
+            append({"role": bridge_role, "content": BRIDGES[bridge_role]})
         message = _finish_one(item, reasoning, strip, cache, target_model)
         if message is not None:
-            out.append(message)
-        nxt = items[n + 1] if n + 1 < len(items) else None
-        if bridge_role and nxt is not None and nxt.message.get("role") == role:
-            out.append({"role": bridge_role, "content": BRIDGES[bridge_role]})
+            append(message)
+        if bridge_role and n < last and items[n + 1].message.get("role") == role:
+            append({"role": bridge_role, "content": BRIDGES[bridge_role]})
     return out
 
 
