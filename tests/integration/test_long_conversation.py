@@ -8,7 +8,6 @@ summary), reached through litellm over HTTP. Every turn asks
 from __future__ import annotations
 
 import itertools
-import math
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from contextledger import Ledger
+from contextledger.core.compaction.request import thresholds
 from contextledger.recall import reserve_for
 from contextledger.session import Session
 from tests.fakellm import FakeLLM, running_fake_llm, summary_answer
@@ -81,8 +81,10 @@ async def test_500_turns_stay_in_budget_with_rolling_summaries(
         },
     )
     cfg = session.config
-    # the recall share is kept out of what the view itself may use
-    trigger = math.floor(cfg.compact_threshold * (BUDGET - reserve_for(BUDGET, cfg.recall)))
+    # the recall share is kept out of what the view itself may use; the threshold is a
+    # share of the whole budget, capped at the view's part
+    held = reserve_for(BUDGET, cfg.recall)
+    _, trigger, _ = thresholds(BUDGET - held, cfg, whole_tokens=BUDGET)
     await session.add_message({"role": "system", "content": "You are a careful DBA."})
     rng = random.Random(20240611)
 
@@ -152,7 +154,9 @@ async def test_500_turns_stay_in_budget_with_rolling_summaries(
     )
     # a summary folds what the request's cut passed: one per cut move at most, so the
     # view after it stays well under the trigger and the calls stay far apart
-    assert gap > BUDGET // 5
+    # (the cell is 0.85 - 0.6 of the budget: from the target of the whole budget to the
+    # view's part once recall's share is held back; the summary itself takes some of it)
+    assert gap > BUDGET // 6
     assert 2 <= len(summaries) <= bound
     assert len(summaries) <= TURNS // 5
 

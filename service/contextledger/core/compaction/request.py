@@ -47,25 +47,26 @@ def thresholds(
     """``(budget, trigger, target)`` in tokens; ``max_tokens`` caps the budget.
 
     ``whole_tokens`` is the request's whole budget when the view gets only part of it
-    (recall's share is held back): the target is then ``compact_target`` of the whole,
-    so a request whose recall block is empty still fills to the target rather than to
-    the target of the view's part (0.6 x 0.85 = 0.51 with the defaults). It never passes
-    the midpoint between the view's own target and its trigger, so the hysteresis cell
-    keeps a size and the view never exceeds its part.
+    (``budget_tokens``; recall's share is held back): ``compact_threshold`` and
+    ``compact_target`` are then shares of the whole, the trigger capped at the view's
+    part. A request whose recall block is empty still fills to the target (not to the
+    target of the view's part: 0.6 x 0.85 = 0.51 with the defaults) and the hysteresis
+    cell keeps its size. The target never passes the midpoint between the view's own
+    target and the trigger, whatever the share.
     """
     if budget_tokens <= 0:
         raise InvalidArgument(
             f"budget_tokens must be > 0, got {budget_tokens}", key="budget_tokens"
         )
     budget = min(budget_tokens, config.max_tokens) if config.max_tokens else budget_tokens
-    trigger = math.floor(config.compact_threshold * budget)
     own = config.compact_target * budget
-    wanted = own
-    if whole_tokens is not None and whole_tokens > budget:
-        whole = min(whole_tokens, config.max_tokens) if config.max_tokens else whole_tokens
-        wanted = min(max(own, config.compact_target * whole), (trigger + own) / 2)
-    target = max(1, math.floor(wanted))
-    return budget, trigger, target
+    if whole_tokens is None or whole_tokens <= budget:
+        trigger = math.floor(config.compact_threshold * budget)
+        return budget, trigger, max(1, math.floor(own))
+    whole = min(whole_tokens, config.max_tokens) if config.max_tokens else whole_tokens
+    trigger = min(budget, math.floor(config.compact_threshold * whole))
+    wanted = min(max(own, config.compact_target * whole), (trigger + own) / 2)
+    return budget, trigger, max(1, math.floor(wanted))
 
 
 def is_pinned(item: ViewItem, config: ContextConfig) -> bool:

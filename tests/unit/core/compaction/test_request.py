@@ -261,8 +261,10 @@ def test_every_strategy_fills_to_the_target_and_keeps_the_floor(
 def test_the_target_is_a_share_of_the_whole_request_when_recall_holds_part_back() -> None:
     config = ContextConfig()  # threshold 0.92, target 0.6
     assert thresholds(8500, config) == (8500, 7820, 5100)
-    # recall holds 1,500 of 10,000 back: the view fills to 0.6 of the whole, not of 8,500
-    assert thresholds(8500, config, whole_tokens=10_000) == (8500, 7820, 6000)
-    # a large share: never past the midpoint of the view's own target and trigger
-    assert thresholds(5000, config, whole_tokens=10_000) == (5000, 4600, 3800)
+    # recall holds 1,500 of 10,000 back: the view fills from 0.6 of the whole (not of
+    # 8,500) up to 0.92 of the whole, capped at its part
+    assert thresholds(8500, config, whole_tokens=10_000) == (8500, 8500, 6000)
+    assert thresholds(9500, config, whole_tokens=10_000) == (9500, 9200, 6000)
+    # a large share: never past the midpoint of the view's own target and the trigger
+    assert thresholds(5000, config, whole_tokens=10_000) == (5000, 5000, 4000)
     assert thresholds(8500, config, whole_tokens=8500) == thresholds(8500, config)
