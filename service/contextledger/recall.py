@@ -3,7 +3,7 @@
 A request view leaves turns out (truncated, pruned, summarized) but the ledger
 holds all of them. Before a request is sent, the left-out part of the branch is
 searched for the latest user turn (and a pending tool call): PostgreSQL full-text
-search on ``postgresql://`` (the ``events.search`` column, migration 0003),
+search on ``postgresql://`` (the ``event_search`` vectors, migrations 0003 and 0006),
 BM25 (bm25s) on ``memory://``. The pure part (``core.recall``) picks whole tool
 units within the recall share and places the block before the latest turn.
 

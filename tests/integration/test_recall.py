@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ import pytest
 from contextledger import Ledger
 from contextledger.core.events import MessageAppended, SessionCreated
 from contextledger.session import Session
+from contextledger.store.dsn import asyncpg_dsn
 from contextledger.store.migrate import upgrade
 from contextledger.store.postgres import PostgresStore
 from tests.fakellm import FakeLLM, running_fake_llm
@@ -283,3 +285,178 @@ async def test_the_search_finds_a_fact_in_any_part_the_request_left_out(
         text_config="english",
     )
     assert [s for s, _ in found] == ([] if left_out == "none" else [seqs[4]])
+
+
+# -- the search vectors (migration 0006): written by the search, not by appends -------
+
+
+async def indexed(dsn: str, session_id: str) -> list[int]:
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        rows = await conn.fetch(
+            "SELECT seq FROM contextledger.event_search WHERE session_id = $1 ORDER BY seq",
+            session_id,
+        )
+        return [r[0] for r in rows]
+    finally:
+        await conn.close()
+
+
+async def message_seqs(session: Session) -> list[int]:
+    return [e.seq async for e in session.events() if e.type == "message.appended"]
+
+
+async def test_appends_write_no_vectors_and_each_search_indexes_what_is_new(
+    pg_ledger: Ledger, pg_dsn: str
+) -> None:
+    session = await planted(pg_ledger)
+    assert await indexed(pg_dsn, "r") == []
+    request = await session.get_messages_for_request(token_budget=2000)
+    assert any("18443" in b for b in recall_blocks(request))
+    assert await indexed(pg_dsn, "r") == await message_seqs(session)
+    await session.add_message({"role": "assistant", "content": "Checking the gateway now."})
+    await session.add_message({"role": "user", "content": "And the orchard-api owner?"})
+    assert len(await indexed(pg_dsn, "r")) == len(await message_seqs(session)) - 2
+    await session.get_messages_for_request(token_budget=2000)
+    assert await indexed(pg_dsn, "r") == await message_seqs(session)
+
+
+async def test_concurrent_searches_agree_and_index_each_event_once(
+    pg_ledger: Ledger, pg_dsn: str
+) -> None:
+    session = await planted(pg_ledger)
+    store = pg_ledger.store
+    head = (await store.session_info("r")).head
+
+    async def search() -> list[tuple[int, float]]:
+        return await store.search(
+            "r",
+            QUESTION,
+            exclude=(head,),
+            upto_seq=head,
+            branch=None,
+            limit=5,
+            text_config="english",
+        )
+
+    results = await asyncio.gather(*(search() for _ in range(6)))
+    assert results[0] and results[0][0][0] == 3 and all(r == results[0] for r in results)
+    assert await indexed(pg_dsn, "r") == await message_seqs(session)  # primary key: once each
+    assert await search() == results[0]  # from the stored vectors alone
+
+
+async def test_a_read_only_server_searches_the_same_without_storing(
+    pg_ledger: Ledger, pg_dsn: str
+) -> None:
+    await planted(pg_ledger)
+    head = (await pg_ledger.store.session_info("r")).head
+    pool = await asyncpg.create_pool(
+        asyncpg_dsn(pg_dsn), server_settings={"default_transaction_read_only": "on"}
+    )
+    standby = PostgresStore(pool, pg_dsn)
+    args: dict[str, Any] = {
+        "exclude": (head,),  # the question itself
+        "upto_seq": head,
+        "branch": None,
+        "limit": 5,
+        "text_config": "english",
+    }
+    try:
+        found = await standby.search("r", QUESTION, **args)
+    finally:
+        await standby.close()
+    assert found and found[0][0] == 3
+    assert await indexed(pg_dsn, "r") == []
+    assert await pg_ledger.store.search("r", QUESTION, **args) == found
+
+
+async def test_each_tenant_indexes_and_searches_only_its_own_events(pg_dsn: str) -> None:
+    role = "contextledger_service"
+    async with Ledger.open(pg_dsn, tenant="acme", role=role) as acme:
+        mine = await planted(acme)
+        request = await mine.get_messages_for_request(token_budget=2000)
+        assert any("18443" in b for b in recall_blocks(request))  # stored under RLS
+        acme_messages = len(await message_seqs(mine))
+    async with Ledger.open(pg_dsn, tenant="other", role=role) as other:
+        theirs = await other.session("r", config={"token_counter": "chars"})
+        await theirs.add_message({"role": "user", "content": "orchard-api is not ours"})
+        await chatter(theirs, 40)
+        await theirs.add_message({"role": "user", "content": QUESTION})
+        request = await theirs.get_messages_for_request(token_budget=2000)
+        assert "18443" not in str(request)
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        counts = dict(
+            await conn.fetch(
+                "SELECT tenant_id, count(*) FROM contextledger.event_search GROUP BY 1"
+            )
+        )
+        beta = await asyncpg.connect(
+            asyncpg_dsn(pg_dsn),
+            server_settings={"role": role, "contextledger.tenant": "nobody"},
+        )
+        try:
+            assert await beta.fetchval("SELECT count(*) FROM contextledger.event_search") == 0
+        finally:
+            await beta.close()
+    finally:
+        await conn.close()
+    assert counts == {"acme": acme_messages, "other": 82}
+
+
+async def test_a_purge_removes_the_vectors(pg_ledger: Ledger, pg_dsn: str) -> None:
+    session = await planted(pg_ledger)
+    await session.get_messages_for_request(token_budget=2000)
+    assert await indexed(pg_dsn, "r")
+    await pg_ledger.store.purge("r", "test")
+    assert await indexed(pg_dsn, "r") == []
+
+
+async def test_migration_0006_moves_the_vectors_and_downgrades(pg_dsn: str) -> None:
+    from alembic import command
+
+    from contextledger.store.migrate import alembic_config
+
+    name = f"cl_mig_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(host=PG_HOST, port=PG_PORT, user="postgres", database="postgres")
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    dsn = f"postgresql://postgres@/{name}?host={PG_HOST}&port={PG_PORT}"
+    try:
+        await upgrade(dsn, "0005")
+        now = datetime.now(UTC)
+        store = await PostgresStore.connect(dsn)
+        try:
+            await store.create_session("old", SessionCreated(None, {}, {}), created_at=now)
+            await store.append(
+                "old",
+                [MessageAppended({"role": "user", "content": FACT}, 12, False, "chars")],
+                created_at=now,
+            )
+        finally:
+            await store.close()
+        vector = "SELECT search::text FROM contextledger.{} WHERE session_id = 'old' AND seq = 2"
+        conn = await asyncpg.connect(asyncpg_dsn(dsn))
+        try:
+            before = await conn.fetchval(vector.format("events"))
+            await upgrade(dsn)
+            assert await conn.fetchval(vector.format("event_search")) == before  # copied
+            assert "18443" in before
+            columns = await conn.fetch(
+                "SELECT column_name FROM information_schema.columns"
+                " WHERE table_schema = 'contextledger' AND table_name = 'events'"
+            )
+            assert "search" not in {c[0] for c in columns}
+            await asyncio.to_thread(command.downgrade, alembic_config(dsn), "0005")
+            assert await conn.fetchval(vector.format("events")) == before  # recomputed
+            assert await conn.fetchval("SELECT to_regclass('contextledger.event_search')") is None
+            purge = await conn.fetchval(
+                "SELECT prosrc FROM pg_proc WHERE proname = 'purge_session'"
+            )
+            assert "event_search" not in purge
+            await upgrade(dsn)
+            assert await conn.fetchval(vector.format("event_search")) == before
+        finally:
+            await conn.close()
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()

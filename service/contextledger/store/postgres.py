@@ -133,43 +133,82 @@ _TAIL_ROW = (
 )
 #: The view = the current generation's materialized rows + the message events after
 #: the watermark. Both parts are primary-key range scans: O(view), whatever the history.
+#: The session's generation and watermark are scalar subqueries (InitPlans), so they are
+#: index conditions: joined from a CTE, the planner may start from the session's events
+#: and filter ``seq > view_base`` row by row, O(history). It did once 0004 widened the
+#: sessions key to (session_id, tenant_id): ``session_id = $1`` is no longer provably
+#: one row, so the CTE was costed at hundreds of rows (11.9x at 10,000 events).
+_VIEW_GEN = f"(SELECT view_gen FROM {S}.sessions WHERE session_id = $1)"
+_VIEW_BASE = f"(SELECT view_base FROM {S}.sessions WHERE session_id = $1)"
+_BRANCH_BASE = f"(SELECT branch_base FROM {S}.sessions WHERE session_id = $1)"
 READ_VIEW = f"""
-WITH s AS (SELECT view_gen, view_base FROM {S}.sessions WHERE session_id = $1)
-SELECT {VIEW_COLUMNS} FROM {S}.view_items, s
- WHERE session_id = $1 AND gen = s.view_gen
+SELECT {VIEW_COLUMNS} FROM {S}.view_items
+ WHERE session_id = $1 AND gen = {_VIEW_GEN}
 UNION ALL
-SELECT {_TAIL_ROW} FROM {S}.events e, s
- WHERE e.session_id = $1 AND e.seq > s.view_base AND e.type = 'message.appended'
+SELECT {_TAIL_ROW} FROM {S}.events e
+ WHERE e.session_id = $1 AND e.seq > {_VIEW_BASE} AND e.type = 'message.appended'
 ORDER BY 1"""
 READ_BRANCH = f"""
-WITH s AS (SELECT branch_base FROM {S}.sessions WHERE session_id = $1)
 SELECT ord, (CASE WHEN e.type = 'messages.replaced' THEN e.data -> 'messages' -> b.part
                   ELSE e.data -> 'message' END)::text
   FROM {S}.branch_items b
   JOIN {S}.events e ON e.session_id = b.session_id AND e.seq = b.seq
  WHERE b.session_id = $1
 UNION ALL
-SELECT e.seq * {ORD_STRIDE}, (e.data -> 'message')::text FROM {S}.events e, s
- WHERE e.session_id = $1 AND e.seq > s.branch_base AND e.type = 'message.appended'
+SELECT e.seq * {ORD_STRIDE}, (e.data -> 'message')::text FROM {S}.events e
+ WHERE e.session_id = $1 AND e.seq > {_BRANCH_BASE} AND e.type = 'message.appended'
 ORDER BY 1"""
 READ_BRANCH_REFS = f"""
-WITH s AS (SELECT branch_base FROM {S}.sessions WHERE session_id = $1)
 SELECT ord, seq, part FROM {S}.branch_items WHERE session_id = $1
 UNION ALL
-SELECT e.seq * {ORD_STRIDE}, e.seq, 0 FROM {S}.events e, s
- WHERE e.session_id = $1 AND e.seq > s.branch_base AND e.type = 'message.appended'
+SELECT e.seq * {ORD_STRIDE}, e.seq, 0 FROM {S}.events e
+ WHERE e.session_id = $1 AND e.seq > {_BRANCH_BASE} AND e.type = 'message.appended'
 ORDER BY 1"""
-#: The text search configuration the ``events.search`` column is built with (0003).
+#: The text search configuration recall's stored vectors are built with (``event_search``).
 INDEX_TEXT_CONFIG = "english"
-#: Message events of the branch up to seq $3: the current branch, or (replays) the
-#: seqs in $5, the branch as of the replayed seq. Hashed subplans: O(1) per row.
-_ON_BRANCH = f"""
- e.session_id = $1 AND e.type = 'message.appended' AND e.seq <= $3
- AND (e.seq > (SELECT branch_base FROM {S}.sessions WHERE session_id = $1)
+#: An event's search vector, as 0003 defined it (a message over 16 KiB is indexed by the
+#: first 16 KiB of its text: the parser costs ~0.2-0.6 µs a byte).
+SEARCH_VECTOR = (
+    "CASE WHEN octet_length(e.data::text) <= 16384"
+    " THEN jsonb_to_tsvector('english'::regconfig,"
+    " coalesce(e.data -> 'message', e.data -> 'messages', '{}'::jsonb),"
+    ' \'["string", "numeric"]\')'
+    " ELSE to_tsvector('english'::regconfig, left(coalesce(e.data -> 'message' ->> 'content',"
+    " (e.data -> 'messages')::text, ''), 16384)) END"
+)
+#: Seqs of the branch up to seq $3: the current branch, or (replays) the seqs in $5, the
+#: branch as of the replayed seq. Hashed subplans: O(1) per row.
+_BRANCH_SEQS = f"""
+ e.session_id = $1 AND e.seq <= $3
+ AND (e.seq > {_BRANCH_BASE}
       OR e.seq IN (SELECT seq FROM {S}.branch_items WHERE session_id = $1 AND part = 0))"""
-_ON_GIVEN_BRANCH = """
- e.session_id = $1 AND e.type = 'message.appended' AND e.seq <= $3
- AND e.seq = ANY($5::bigint[])"""
+_GIVEN_SEQS = """
+ e.session_id = $1 AND e.seq <= $3 AND e.seq = ANY($5::bigint[])"""
+#: Message events of the branch (of ``events e``).
+_ON_BRANCH = " e.type = 'message.appended' AND" + _BRANCH_SEQS
+_ON_GIVEN_BRANCH = " e.type = 'message.appended' AND" + _GIVEN_SEQS
+#: Vectors are not written by appends (0006: the parser would run in every append): the
+#: search indexes the session's message events above its highest indexed seq itself, in
+#: the same statement. Events of a session are committed in seq order, so the indexed
+#: ones are always a prefix; ``fresh`` is computed once, stored, and searched alongside.
+#: Vectors are derived data, so this commit does not wait for the WAL flush (an fsync per
+#: request otherwise): a crash can lose only the newest ones, a suffix, which the next
+#: search indexes again.
+_CATCH_UP = f"""
+WITH indexed AS MATERIALIZED (  -- the highest indexed seq: one backward index step
+    SELECT coalesce((SELECT x.seq FROM {S}.event_search x
+                      WHERE x.session_id = $1 AND x.tenant_id = {S}.current_tenant()
+                      ORDER BY x.seq DESC LIMIT 1), 0) AS upto,
+           set_config('synchronous_commit', 'off', true) AS no_flush_wait
+), fresh AS MATERIALIZED (
+    SELECT e.session_id, e.seq, e.tenant_id, {SEARCH_VECTOR} AS search FROM {S}.events e
+     WHERE e.session_id = $1 AND e.tenant_id = {S}.current_tenant()
+       AND e.seq > (SELECT upto FROM indexed) AND e.type = 'message.appended'
+),"""
+_STORE_FRESH = f""" stored AS (
+    INSERT INTO {S}.event_search (session_id, seq, tenant_id, search)
+    SELECT session_id, seq, tenant_id, search FROM fresh ON CONFLICT DO NOTHING
+),"""
 #: Lexical recall, in bounded work whatever the session's length. The turn becomes lexemes
 #: through PostgreSQL's parser, dictionaries and stop words ($6 is the configuration).
 #: Lexemes frequent in the session say little about what to recall (BM25 gives them almost
@@ -188,14 +227,14 @@ _ON_GIVEN_BRANCH = """
 #: carries ($4) is left out; ties go to the newer event. A request that carries every
 #: message of the branch (a session shorter than its budget) has nothing to recall: the
 #: gate sees it in two primary-key range probes (no message before the oldest carried one,
-#: and as many messages from there on as the request carries) and the rest never runs.
-_SEARCH = f"""
-WITH oldest AS MATERIALIZED (
+#: and as many messages from there on as the request carries) and the rest never runs
+#: (the catch-up still indexes what is new, so no backlog waits for the first search).
+_SEARCH = f"""{{head}} oldest AS MATERIALIZED (
     SELECT coalesce(min(x), $3 + 1) AS seq FROM unnest($4::bigint[]) AS x
 ), gate AS MATERIALIZED (
-    SELECT (SELECT e.seq FROM {S}.events e WHERE {{branch}} AND e.seq < (SELECT seq FROM oldest)
-             ORDER BY e.seq LIMIT 1) IS NOT NULL
-        OR (SELECT count(*) FROM (SELECT FROM {S}.events e WHERE {{branch}}
+    SELECT (SELECT e.seq FROM {S}.events e WHERE {{on_branch}}
+               AND e.seq < (SELECT seq FROM oldest) ORDER BY e.seq LIMIT 1) IS NOT NULL
+        OR (SELECT count(*) FROM (SELECT FROM {S}.events e WHERE {{on_branch}}
                                      AND e.seq >= (SELECT seq FROM oldest)
                                    ORDER BY e.seq LIMIT cardinality($4::bigint[]) + 1) c)
            <> cardinality($4::bigint[]) AS open
@@ -204,10 +243,7 @@ WITH oldest AS MATERIALIZED (
       FROM unnest(tsvector_to_array(to_tsvector($6::regconfig, $2))) AS l
      WHERE (SELECT open FROM gate)
 ), sample AS MATERIALIZED (
-    SELECT {{vector}} AS v FROM {S}.events e
-     WHERE e.session_id = $1 AND e.seq <= $3 AND e.seq > $3 - {2 * SAMPLE}
-       AND e.type = 'message.appended'
-     ORDER BY e.seq DESC LIMIT {SAMPLE}
+    SELECT d.v FROM ({{docs_sample}}) d ORDER BY d.seq DESC LIMIT {SAMPLE}
 ), df AS MATERIALIZED (
     SELECT lq.l, lq.q, (SELECT count(*) FROM sample WHERE sample.v @@ lq.q) AS n FROM lq
 ), rare AS MATERIALIZED (
@@ -215,11 +251,10 @@ WITH oldest AS MATERIALIZED (
      WHERE n <= greatest(8, (SELECT count(*) FROM sample) / 4)
         OR (r <= {KEEP_RAREST} AND 2 * n < (SELECT count(*) FROM sample))
      ORDER BY n, l LIMIT {MAX_LEXEMES}
+), rq AS MATERIALIZED (
+    SELECT string_agg(quote_literal(l), ' | ')::tsquery AS q FROM rare
 ), m AS MATERIALIZED (
-    SELECT e.seq, {{vector}} AS v FROM {S}.events e
-     WHERE {{vector}} @@ (SELECT string_agg(quote_literal(l), ' | ')::tsquery FROM rare)
-       AND {{branch}} AND NOT e.seq = ANY($4::bigint[]) AND EXISTS (SELECT 1 FROM rare)
-     ORDER BY e.seq DESC LIMIT {MAX_CANDIDATES}
+    SELECT d.seq, d.v FROM ({{docs_match}}) d ORDER BY d.seq DESC LIMIT {MAX_CANDIDATES}
 ), hits AS MATERIALIZED (
     SELECT m.seq, rare.l, length(m.v) AS size, ts_rank_cd(m.v, rare.q, 2 | 32) AS r
       FROM m JOIN rare ON m.v @@ rare.q
@@ -235,13 +270,41 @@ SELECT c.seq, c.coarse * (1 + s.r) AS rank
   FROM c JOIN (SELECT seq, sum(r) AS r FROM hits GROUP BY seq) s USING (seq)
  ORDER BY rank DESC, c.seq DESC LIMIT $7"""
 _UNINDEXED = "jsonb_to_tsvector($6::regconfig, e.data -> 'message', '[\"string\", \"numeric\"]')"
+_IN_SAMPLE = f"e.session_id = $1 AND e.seq <= $3 AND e.seq > $3 - {2 * SAMPLE}"
+#: (``rq`` is NULL when no lexeme was kept: a one-time filter, so no index is even opened)
+_MATCHES = (
+    "(SELECT q FROM rq) IS NOT NULL AND {v} @@ (SELECT q FROM rq) AND {branch}"
+    " AND NOT e.seq = ANY($4::bigint[])"
+)
 
 
-def search_sql(*, indexed: bool, given_branch: bool) -> str:
-    """The recall search for the index's text search configuration or another one."""
+def search_sql(*, indexed: bool, given_branch: bool, store: bool = True) -> str:
+    """The recall search: on the stored vectors (catching up first; ``store=False`` on a
+    read-only server computes the missing ones without storing them), or on vectors
+    computed on the fly for another text search configuration."""
+    branch = _GIVEN_SEQS if given_branch else _BRANCH_SEQS
+    on_branch = _ON_GIVEN_BRANCH if given_branch else _ON_BRANCH
+    if indexed:
+        match = _MATCHES.format(v="e.search", branch=branch)
+
+        def docs(where: str) -> str:
+            return (
+                f"SELECT e.seq, e.search AS v FROM {S}.event_search e WHERE {where}"
+                f" UNION ALL SELECT e.seq, e.search FROM fresh e WHERE {where}"
+            )
+
+        head = _CATCH_UP + (_STORE_FRESH if store else "")
+        return _SEARCH.format(
+            head=head, on_branch=on_branch, docs_sample=docs(_IN_SAMPLE), docs_match=docs(match)
+        )
+    message = "e.type = 'message.appended' AND "
+    match = _MATCHES.format(v=_UNINDEXED, branch=branch)
     return _SEARCH.format(
-        vector="e.search" if indexed else _UNINDEXED,
-        branch=_ON_GIVEN_BRANCH if given_branch else _ON_BRANCH,
+        head="WITH",
+        on_branch=on_branch,
+        docs_sample=f"SELECT e.seq, {_UNINDEXED} AS v FROM {S}.events e"
+        f" WHERE {message}{_IN_SAMPLE}",
+        docs_match=f"SELECT e.seq, {_UNINDEXED} AS v FROM {S}.events e WHERE {message}{match}",
     )
 
 
@@ -1082,14 +1145,24 @@ class PostgresStore(Store):
         limit: int,
         text_config: str,
     ) -> list[tuple[int, float]]:
-        sql = search_sql(indexed=text_config == INDEX_TEXT_CONFIG, given_branch=branch is not None)
         args: list[Any] = [session_id, query, upto_seq, sorted(exclude)]
         args += [sorted(branch) if branch is not None else None, text_config, limit]
         if branch is None:  # $5 unused: keep the parameter list dense
-            sql = sql.replace("$6", "$5").replace("$7", "$6")
             del args[4]
+
+        def sql(store: bool) -> str:
+            text = search_sql(
+                indexed=text_config == INDEX_TEXT_CONFIG,
+                given_branch=branch is not None,
+                store=store,
+            )
+            return text.replace("$6", "$5").replace("$7", "$6") if branch is None else text
+
         try:
-            rows = await self._pool.fetch(sql, *args)
+            try:
+                rows = await self._pool.fetch(sql(store=True), *args)
+            except asyncpg.ReadOnlySQLTransactionError:  # a standby: same answer, not stored
+                rows = await self._pool.fetch(sql(store=False), *args)
         except asyncpg.UndefinedObjectError as exc:  # an unknown text search configuration
             raise InvalidArgument(
                 f"recall.text_search_config: {exc}", field="recall.text_search_config"
