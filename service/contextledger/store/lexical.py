@@ -16,10 +16,13 @@ from typing import Any
 K1 = 0.5
 B = 0.9
 #: A recall search's bounds, the same in both stores (PostgreSQL's ``_SEARCH`` spells these
-#: rules in SQL): each query lexeme's frequency is estimated on the last ``SAMPLE``
-#: messages; at most ``MAX_LEXEMES`` rare ones are searched; the newest ``MAX_CANDIDATES``
-#: matches are ranked.
+#: rules in SQL): the ``MAX_QUERY_LEXEMES`` longest lexemes of the turn are looked at (a
+#: pasted document is a turn too: estimating hundreds of lexemes costs tens of ms, and
+#: long lexemes are the specific ones: names, identifiers); each one's frequency is
+#: estimated on the last ``SAMPLE`` messages; at most ``MAX_LEXEMES`` rare ones are
+#: searched; the newest ``MAX_CANDIDATES`` matches are ranked.
 SAMPLE, KEEP_RAREST, MAX_LEXEMES, MAX_CANDIDATES = 256, 3, 16, 2048
+MAX_QUERY_LEXEMES = 64
 
 
 def rare_terms(query: Sequence[str], sample: Sequence[Collection[str]]) -> list[str]:
@@ -28,7 +31,8 @@ def rare_terms(query: Sequence[str], sample: Sequence[Collection[str]]) -> list[
     A lexeme in most of the recent history says little about what to recall and matches
     most of it (BM25 gives it almost no weight), so searching for it is work for nothing."""
     n = len(sample)
-    counted = sorted((sum(1 for doc in sample if t in doc), t) for t in set(query) if t)
+    looked_at = sorted({t for t in query if t}, key=lambda t: (-len(t), t))[:MAX_QUERY_LEXEMES]
+    counted = sorted((sum(1 for doc in sample if t in doc), t) for t in looked_at)
     kept = [
         t
         for rank_, (df, t) in enumerate(counted, start=1)

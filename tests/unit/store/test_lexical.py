@@ -39,3 +39,11 @@ def test_lexemes_common_in_the_recent_messages_are_not_searched_for() -> None:
     assert lexical.rare_terms(["a", "b"], half) == ["a"]
     many = [f"t{i:02d}" for i in range(30)]
     assert lexical.rare_terms(many, []) == many[: lexical.MAX_LEXEMES]
+
+
+def test_a_long_turn_is_searched_by_its_longest_lexemes() -> None:
+    words = [f"longword{i:03d}" for i in range(200)] + ["a1"]
+    kept = lexical.rare_terms(words, [])
+    # 'a1' would sort first, but only the 64 longest lexemes are looked at
+    assert "a1" not in kept and len(kept) == lexical.MAX_LEXEMES
+    assert lexical.rare_terms(["a1", "longword"], []) == ["a1", "longword"]
