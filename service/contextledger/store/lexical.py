@@ -21,7 +21,7 @@ B = 0.9
 #: long lexemes are the specific ones: names, identifiers); each one's frequency is
 #: estimated on the last ``SAMPLE`` messages; at most ``MAX_LEXEMES`` rare ones are
 #: searched; the newest ``MAX_CANDIDATES`` matches are ranked.
-SAMPLE, KEEP_RAREST, MAX_LEXEMES, MAX_CANDIDATES = 256, 3, 16, 2048
+SAMPLE, KEEP_RAREST, MAX_LEXEMES, MAX_CANDIDATES = 128, 3, 16, 2048
 MAX_QUERY_LEXEMES = 64
 
 
