@@ -1,4 +1,4 @@
-"""The append lane (``http/lane.py``) answers exactly as the FastAPI route it stands in for.
+"""The lane (``http/lane.py``) answers exactly as the FastAPI routes it stands in for.
 
 The route also takes ``application/<x>+json`` bodies, which the lane leaves to FastAPI:
 each request below is sent once as ``application/json`` (the lane's) and once as
@@ -19,6 +19,7 @@ from starlette.datastructures import Headers
 
 from contextledger.http.lane import accepted
 from contextledger.http.settings import Settings
+from tests.fakellm import running_fake_llm
 from tests.integration.service_support import Running, new_key, running_service
 
 LANE = "application/json"
@@ -143,3 +144,39 @@ def test_lane_takes_only_what_the_route_accepts_as_is(
 ) -> None:
     all_headers = headers | ({"content-type": ctype} if ctype else {})
     assert (accepted(Headers(all_headers), body) is not None) is taken
+
+
+async def test_proxy_through_the_lane_is_logged_counted_and_problems_stay(
+    pg_dsn: str,
+) -> None:
+    with running_fake_llm() as fake:
+        settings = Settings(dsn=pg_dsn, migrate=False, upstream_api_base=fake.base_url)
+        async with running_service(settings) as svc:
+            c = svc.client
+            body = {"model": "m", "messages": [user("hello")]}
+            with structlog.testing.capture_logs() as logs:
+                good = await c.post(
+                    "/v1/chat/completions", json=body, headers={"X-Session-Id": "p"}
+                )
+                not_json = await c.post(
+                    "/v1/chat/completions", content=b"{", headers={"X-Session-Id": "p"}
+                )
+                no_session = await c.post("/v1/chat/completions", json=body)
+            assert good.status_code == 200 and good.json()["choices"][0]["message"]["content"]
+            assert not_json.status_code == 400 and not_json.json()["code"] == "INVALID_REQUEST"
+            assert no_session.status_code == 422
+            assert no_session.json()["code"] == "MISSING_SESSION"
+            for r in (not_json, no_session):
+                assert r.headers["content-type"] == "application/problem+json"
+            lines = [e for e in logs if e.get("event") == "request"]
+            assert [(e["route"], e["status"]) for e in lines] == [
+                ("/v1/chat/completions", 200),
+                ("/v1/chat/completions", 400),
+                ("/v1/chat/completions", 422),
+            ]
+            metrics = (await c.get("/metrics")).text
+            assert 'route="/v1/chat/completions",status="200"} 1.0' in metrics
+            # the service process prices nothing: litellm's cost hook answers "unknown"
+            import litellm
+
+            assert litellm.response_cost_calculator(response_object=None) is None

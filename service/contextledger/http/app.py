@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from contextledger.http import audit, ops, problems, proxy, rest
-from contextledger.http.lane import AppendLane, append_route
+from contextledger.http.lane import Lane
 from contextledger.http.metrics import Metrics
 from contextledger.http.settings import Settings
 from contextledger.http.tenancy import Tenants
@@ -95,6 +95,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops.router)
     app.include_router(audit.router)
     app.mount("/static", StaticFiles(directory=audit.STATIC), name="static")
-    app.add_middleware(AppendLane, route=append_route())  # inside AccessLog: logged, counted
+    app.add_middleware(Lane)  # inside AccessLog: its requests are logged and counted
     app.add_middleware(AccessLog, metrics=metrics)
     return app

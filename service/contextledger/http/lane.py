@@ -1,11 +1,13 @@
-"""``AppendLane``: ``POST /v1/sessions/{id}/messages`` without the framework's per-request work.
+"""``Lane``: the hot routes without the framework's per-request work.
 
 Appending is the service's hot path, and FastAPI's routing, dependency solving and
 exception middlewares cost a request more CPU than the append itself (py-spy under
-bench/service.py). This pure ASGI middleware serves the requests that the route's own
-model and header limits accept, through the route's own code (``rest.append``), and
-hands every other request, its body replayed, to FastAPI: a rejected request gets the
-route's own error, and the OpenAPI document still describes the route.
+bench/service.py). This pure ASGI middleware serves ``POST /v1/sessions/{id}/messages``
+requests that the route's own model and header limits accept, through the route's own
+code (``rest.append``), and hands every other request, its body replayed, to FastAPI: a
+rejected request gets the route's own error, and the OpenAPI document still describes
+the route. ``POST /v1/chat/completions`` goes straight to its route's function, which
+reads and checks its body itself.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fastapi import Request
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, APIRouter
 from pydantic import ValidationError
 from starlette.datastructures import Headers
+from starlette.responses import Response
 
-from contextledger.http import problems, rest
+from contextledger.http import problems, proxy, rest
 from contextledger.http.auth import current_tenant
 
 Scope = MutableMapping[str, Any]
@@ -28,23 +31,33 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-PATH = "/v1/sessions/{session_id}/messages"
-_PATH = re.compile(r"/v1/sessions/([^/]+)/messages")  # starlette's {name}: one segment
+APPEND = "/v1/sessions/{session_id}/messages"
+PROXY = "/v1/chat/completions"
+_APPEND = re.compile(r"/v1/sessions/([^/]+)/messages")  # starlette's {name}: one segment
 
 
-class AppendLane:
-    def __init__(self, app: Any, route: APIRoute) -> None:
-        self.app, self.route = app, route
+class Lane:
+    """The hot routes' fast path: appends (above) and the proxy, whose route reads its
+    own body, so FastAPI adds nothing to it but routing and exception handling."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.append_route = route(rest.router, APPEND)
+        self.proxy_route = route(proxy.router, PROXY)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = (
-            _PATH.fullmatch(scope["path"])
-            if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path")
-            else None
-        )
-        if match is None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
             await self.app(scope, receive, send)
-            return
+        elif scope["path"] == PROXY:
+            scope["route"], scope["path_params"] = self.proxy_route, {}
+            request = Request(scope, receive)
+            await _answer(request, send, proxy.chat_completions(request))
+        elif (match := _APPEND.fullmatch(scope["path"])) is not None:
+            await self._append(scope, receive, send, match.group(1))
+        else:
+            await self.app(scope, receive, send)
+
+    async def _append(self, scope: Scope, receive: Receive, send: Send, session_id: str) -> None:
         consumed: list[Message] = []
         chunks: list[bytes] = []
         while True:
@@ -62,13 +75,13 @@ class AppendLane:
         if parsed is None:
             await self.app(scope, _replay(consumed, receive), send)
             return
-        session_id = match.group(1)
-        scope["route"] = self.route  # what the access log and metrics name the request by
+        scope["route"] = self.append_route  # what the access log and metrics name it by
         scope["path_params"] = {"session_id": session_id}
         request = Request(scope, receive)
-        try:
+
+        async def respond() -> Response:
             tenant = await current_tenant(request)
-            response = await rest.append(
+            return await rest.append(
                 request,
                 tenant,
                 session_id,
@@ -76,12 +89,21 @@ class AppendLane:
                 headers.get("idempotency-key"),
                 headers.get("if-match"),
             )
-        except Exception as exc:
-            handler = problems.handler_for(exc)
-            if handler is None:
-                raise  # to unexpected_error, as from the route
-            response = await handler(request, exc)
-        await response(scope, receive, send)
+
+        await _answer(request, send, respond())
+
+
+async def _answer(request: Request, send: Send, work: Awaitable[Response]) -> None:
+    """Send what the route's code answers, or the problem its error maps to (as
+    starlette's ExceptionMiddleware would); anything else goes on to unexpected_error."""
+    try:
+        response = await work
+    except Exception as exc:
+        handler = problems.handler_for(exc)
+        if handler is None:
+            raise
+        response = await handler(request, exc)
+    await response(request.scope, request.receive, send)
 
 
 def accepted(headers: Headers, body: bytes) -> rest.MessageAppend | None:
@@ -121,9 +143,13 @@ def _replay(consumed: list[Message], receive: Receive) -> Receive:
     return replayed
 
 
-def append_route() -> APIRoute:
-    """The append route (FastAPI puts it in ``scope["route"]``; so does the lane)."""
-    for route in rest.router.routes:
-        if isinstance(route, APIRoute) and route.path == PATH and "POST" in (route.methods or ()):
-            return route
-    raise LookupError(f"no POST {PATH} route")
+def route(router: APIRouter, path: str) -> APIRoute:
+    """The POST route at ``path`` (FastAPI puts it in ``scope["route"]``; so does the lane)."""
+    for candidate in router.routes:
+        if (
+            isinstance(candidate, APIRoute)
+            and candidate.path == path
+            and "POST" in (candidate.methods or ())
+        ):
+            return candidate
+    raise LookupError(f"no POST {path} route")

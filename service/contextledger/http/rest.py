@@ -238,7 +238,7 @@ async def append(
     idempotency_key: str | None,
     if_match: str | None,
 ) -> JSONResponse:
-    """The append route's work, shared with ``AppendLane`` (its framework-free fast path)."""
+    """The append route's work, shared with ``lane.Lane`` (its framework-free fast path)."""
     if (body.message is None) == (body.messages is None):
         raise InvalidArgument("send either 'message' or 'messages'", field="message")
     batch = [body.message] if body.message is not None else list(body.messages or [])
