@@ -601,7 +601,7 @@ async def keys_revoke(ctx: click.Context, key_id: str) -> None:
 def serve(ctx: click.Context, /, **flags: Any) -> None:
     """Run the HTTP service: REST API, OpenAI-compatible proxy, audit page, /metrics."""
     try:
-        from contextledger.http.server import serve as run_server
+        from contextledger.http.server import run as run_server
         from contextledger.http.settings import Settings
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise click.UsageError(
@@ -613,7 +613,7 @@ def serve(ctx: click.Context, /, **flags: Any) -> None:
     try:
         settings = Settings.from_env(dsn=obj["dsn"], home=obj["home"], **flags)
         configure_logging(settings.log_format, level="INFO")  # type: ignore[arg-type]
-        asyncio.run(run_server(settings))
+        run_server(settings)
     except ContextLedgerError as exc:
         err_console.print(f"[red]{exc}[/red]")
         sys.exit(2)

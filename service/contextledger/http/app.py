@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from contextledger.http import audit, ops, problems, proxy, rest
+from contextledger.http.lane import Lane
 from contextledger.http.metrics import Metrics
 from contextledger.http.settings import Settings
 from contextledger.http.tenancy import Tenants
@@ -30,6 +31,9 @@ class AccessLog:
 
     def __init__(self, app: Any, metrics: Metrics) -> None:
         self.app, self.metrics = app, metrics
+        #: (method, route, status) -> the metric children: ``labels()`` resolves them
+        #: under a lock per call. As many entries as the metrics' own label sets.
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -50,8 +54,15 @@ class AccessLog:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             elapsed = time.perf_counter() - started
             method = scope["method"]
-            self.metrics.requests.labels(method, route, str(status)).inc()
-            self.metrics.latency.labels(method, route).observe(elapsed)
+            children = self._children.get((method, route, status))
+            if children is None:
+                children = (
+                    self.metrics.requests.labels(method, route, str(status)),
+                    self.metrics.latency.labels(method, route),
+                )
+                self._children[(method, route, status)] = children
+            children[0].inc()
+            children[1].observe(elapsed)
             state = scope.get("state") or {}
             access_log.info(
                 "request",
@@ -94,5 +105,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops.router)
     app.include_router(audit.router)
     app.mount("/static", StaticFiles(directory=audit.STATIC), name="static")
+    app.add_middleware(Lane)  # inside AccessLog: its requests are logged and counted
     app.add_middleware(AccessLog, metrics=metrics)
     return app

@@ -6,6 +6,7 @@ One table maps each ``ContextLedgerError`` class to an HTTP status; the body is
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import Request
@@ -101,9 +102,26 @@ async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     return problem(500, "INTERNAL_ERROR", "an unexpected error; see the service log")
 
 
+Handler = Callable[[Request, Exception], Awaitable[JSONResponse]]
+#: The exceptions rendered as a problem where they are raised (starlette's
+#: ExceptionMiddleware); anything else is ``unexpected_error``'s, outermost.
+HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
+    (e.ContextLedgerError, ledger_error),
+    (Problem, own_problem),
+    (RequestValidationError, validation_error),
+    (StarletteHTTPException, http_error),
+)
+
+
+def handler_for(exc: Exception) -> Handler | None:
+    """The handler ``install`` registers for ``exc`` (None: it goes to ``unexpected_error``)."""
+    for cls, handler in HANDLERS:
+        if isinstance(exc, cls):
+            return handler
+    return None
+
+
 def install(app: Any) -> None:
-    app.add_exception_handler(e.ContextLedgerError, ledger_error)
-    app.add_exception_handler(Problem, own_problem)
-    app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(StarletteHTTPException, http_error)
+    for cls, handler in HANDLERS:
+        app.add_exception_handler(cls, handler)
     app.add_exception_handler(Exception, unexpected_error)

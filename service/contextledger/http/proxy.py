@@ -183,10 +183,37 @@ def _client_key(request: Request) -> str | None:
     return auth[7:].strip() if auth[:7].lower() == "bearer " else None
 
 
-async def _litellm() -> Any:
-    from contextledger.core._litellm import import_litellm
+_module: Any = None
 
-    return await asyncio.to_thread(import_litellm)
+
+async def _litellm() -> Any:
+    """litellm, imported off the loop the first time (~2 s) and set up for the service."""
+    global _module
+    if _module is None:
+        from contextledger.core._litellm import import_litellm
+
+        litellm = await asyncio.to_thread(import_litellm)
+        service_setup(litellm)
+        _module = litellm
+    return _module
+
+
+def _no_cost(**_: Any) -> None:
+    return None
+
+
+def service_setup(litellm: Any) -> None:
+    """Switch off litellm's per-completion cost calculation in the service process.
+
+    litellm prices every completion twice (the response's hidden params, then its
+    success log) from its model cost map: ~1.5-2 ms of CPU a call here (py-spy under
+    bench/service.py), the largest piece of the proxy's overhead. The service never
+    reads a cost, and ``litellm.response_cost_calculator`` is the module attribute
+    both steps look up at call time; ``None`` is litellm's own "cost unknown", which
+    also skips its zero-cost diagnostic. Only the service (our own process) does this:
+    the library leaves a shared litellm as it finds it.
+    """
+    litellm.response_cost_calculator = _no_cost
 
 
 def _upstream_problem(exc: Exception) -> Problem:

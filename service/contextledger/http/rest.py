@@ -27,6 +27,8 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 Tenant = Annotated[str, Depends(current_tenant)]
 SessionId = Annotated[str, Field(min_length=1, max_length=200)]
 MAX_BATCH = 1000
+IDEMPOTENCY_KEY_MAX = 200
+IF_MATCH_MAX = 40
 SSE_POLL_S = 0.25
 
 
@@ -221,10 +223,22 @@ async def append_messages(
     body: MessageAppend,
     request: Request,
     tenant: Tenant,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-    if_match: Annotated[str | None, Header(max_length=40)] = None,
+    idempotency_key: Annotated[str | None, Header(max_length=IDEMPOTENCY_KEY_MAX)] = None,
+    if_match: Annotated[str | None, Header(max_length=IF_MATCH_MAX)] = None,
 ) -> JSONResponse:
     """Append one message or a batch. A batch is checked whole before anything is written."""
+    return await append(request, tenant, session_id, body, idempotency_key, if_match)
+
+
+async def append(
+    request: Request,
+    tenant: str,
+    session_id: str,
+    body: MessageAppend,
+    idempotency_key: str | None,
+    if_match: str | None,
+) -> JSONResponse:
+    """The append route's work, shared with ``lane.Lane`` (its framework-free fast path)."""
     if (body.message is None) == (body.messages is None):
         raise InvalidArgument("send either 'message' or 'messages'", field="message")
     batch = [body.message] if body.message is not None else list(body.messages or [])
