@@ -17,6 +17,7 @@ import pytest_asyncio
 import structlog
 from starlette.datastructures import Headers
 
+from contextledger.http import proxy
 from contextledger.http.lane import accepted
 from contextledger.http.settings import Settings
 from tests.fakellm import running_fake_llm
@@ -176,7 +177,20 @@ async def test_proxy_through_the_lane_is_logged_counted_and_problems_stay(
             ]
             metrics = (await c.get("/metrics")).text
             assert 'route="/v1/chat/completions",status="200"} 1.0' in metrics
-            # the service process prices nothing: litellm's cost hook answers "unknown"
+            # mounted in a process not its own (this test's), the app leaves litellm's
+            # pricing as it found it; ``contextledger serve`` switches it off (below)
             import litellm
 
-            assert litellm.response_cost_calculator(response_object=None) is None
+            assert proxy.own_process is False
+            assert litellm.response_cost_calculator is not proxy._no_cost
+
+
+def test_the_service_process_prices_nothing() -> None:
+    import litellm
+
+    before = litellm.response_cost_calculator
+    try:
+        proxy.service_setup(litellm)
+        assert litellm.response_cost_calculator(response_object=None) is None
+    finally:
+        litellm.response_cost_calculator = before

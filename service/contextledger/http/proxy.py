@@ -184,16 +184,22 @@ def _client_key(request: Request) -> str | None:
 
 
 _module: Any = None
+#: Set by ``contextledger serve`` (``server.run``): the process is the service's own, so
+#: litellm may be set up for it. An app mounted in someone else's process leaves their
+#: litellm as it finds it.
+own_process = False
 
 
 async def _litellm() -> Any:
-    """litellm, imported off the loop the first time (~2 s) and set up for the service."""
+    """litellm, imported off the loop the first time (~2 s), set up for the service when
+    the process is its own."""
     global _module
     if _module is None:
         from contextledger.core._litellm import import_litellm
 
         litellm = await asyncio.to_thread(import_litellm)
-        service_setup(litellm)
+        if own_process:
+            service_setup(litellm)
         _module = litellm
     return _module
 

@@ -98,6 +98,9 @@ def run(settings: Settings) -> None:
     images for its success log, which this process never writes anywhere (~6% of a
     proxied call's CPU with a 300-message history; see ``proxy.service_setup``).
     """
+    from contextledger.http import proxy
+
+    proxy.own_process = True
     os.environ.setdefault("MAX_BASE64_LENGTH_FOR_LOGGING", "0")
     # Log records without caller, thread and process details, which no renderer of ours
     # prints: the Logging HOWTO's "Optimization" switches (~20% of an access line's cost).
