@@ -131,7 +131,10 @@ class Http:
         else:
             import aiohttp
 
-            self._client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=128))
+            # idle pooled connections are dropped before uvicorn's 5 s keep-alive closes
+            # them (a request on one it closed failed with ServerDisconnectedError)
+            connector = aiohttp.TCPConnector(limit=128, keepalive_timeout=3)
+            self._client = aiohttp.ClientSession(connector=connector)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
