@@ -17,7 +17,7 @@ issue: ``max_tokens`` 6000 + ``auto_compact`` truncate):
   counted on the turns where the history exceeds the budget;
 * memory held by the session object (a size walk of what it owns, not the ledger,
   store or counter) at each length;
-* database bytes per event (events + view and branch rows of the session).
+* database bytes per event (events + view, branch and search-vector rows of the session).
 
 Run: ``.venv/bin/python bench/turns.py`` (``--quick``: 100/1,000/2,000 turns).
 Deterministic messages; prints figures, asserts nothing.
@@ -213,7 +213,9 @@ async def db_bytes_per_event(dsn: str, session_id: str) -> float | None:
             "     + (SELECT coalesce(sum(pg_column_size(v.*)), 0) FROM contextledger.view_items v"
             "         WHERE v.session_id = $1)"
             "     + (SELECT coalesce(sum(pg_column_size(b.*)), 0)"
-            "          FROM contextledger.branch_items b WHERE b.session_id = $1),"
+            "          FROM contextledger.branch_items b WHERE b.session_id = $1)"
+            "     + (SELECT coalesce(sum(pg_column_size(x.*)), 0)"
+            "          FROM contextledger.event_search x WHERE x.session_id = $1),"
             " (SELECT count(*) FROM contextledger.events WHERE session_id = $1)",
             session_id,
         )
