@@ -10,8 +10,9 @@ append parsed its message inside the append's statement. Measured A/B on one ser
 of 7 rounds, against the 0002 table): the column alone made an INSERT 1.3-1.4x as
 expensive with 32 writers and ``synchronous_commit=on``, 1.6-2.0x on CPU alone (the
 text parser costs 57-85 µs for a 430-byte chat message, and the stored vector adds
-~450 bytes to a ~700-byte row and its WAL). The tenant column, its function default, the widened keys and
-row-level security measured 0.9-1.06x (noise) for the owner, 1.15x under RLS.
+~450 bytes to a ~700-byte row and its WAL). The tenant column, its function default,
+the widened keys and row-level security measured 0.9-1.06x (noise) for the owner, 1.15x
+under RLS.
 
 Now ``event_search`` holds the vectors of ``message.appended`` events (the only ones
 recall searches), with the GIN index of 0005. The library's search statement first
