@@ -97,3 +97,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.integration)
+
+
+@pytest_asyncio.fixture
+async def svc(pg_dsn: str) -> AsyncIterator[Any]:
+    """The service on the test database, API keys checked on every request (no cache).
+    Modules needing other settings define their own ``svc``."""
+    from contextledger.http.settings import Settings
+    from tests.integration.service_support import running_service
+
+    async with running_service(Settings(dsn=pg_dsn, migrate=False, key_cache_seconds=0)) as r:
+        yield r

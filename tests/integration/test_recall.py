@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -154,12 +155,21 @@ async def test_another_text_search_configuration_searches_without_the_index(
     assert any("18443" in b for b in recall_blocks(request))
 
 
-async def test_migration_0003_backfills_existing_events(pg_dsn: str) -> None:
+@asynccontextmanager
+async def scratch_database() -> AsyncIterator[str]:
+    """The DSN of a fresh, empty database on the test server, dropped afterwards."""
     name = f"cl_mig_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(host=PG_HOST, port=PG_PORT, user="postgres", database="postgres")
     await admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = f"postgresql://postgres@/{name}?host={PG_HOST}&port={PG_PORT}"
     try:
+        yield f"postgresql://postgres@/{name}?host={PG_HOST}&port={PG_PORT}"
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def test_migration_0003_backfills_existing_events(pg_dsn: str) -> None:
+    async with scratch_database() as dsn:
         await upgrade(dsn, "0002_view_generations")
         store = await PostgresStore.connect(dsn)
         try:
@@ -183,9 +193,6 @@ async def test_migration_0003_backfills_existing_events(pg_dsn: str) -> None:
             assert [seq for seq, _ in found] == [2]
         finally:
             await store.close()
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 @pytest.fixture(name="fake_llm")
@@ -417,11 +424,7 @@ async def test_migration_0006_moves_the_vectors_and_downgrades(pg_dsn: str) -> N
 
     from contextledger.store.migrate import alembic_config
 
-    name = f"cl_mig_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(host=PG_HOST, port=PG_PORT, user="postgres", database="postgres")
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = f"postgresql://postgres@/{name}?host={PG_HOST}&port={PG_PORT}"
-    try:
+    async with scratch_database() as dsn:
         await upgrade(dsn, "0005")
         now = datetime.now(UTC)
         store = await PostgresStore.connect(dsn)
@@ -457,6 +460,3 @@ async def test_migration_0006_moves_the_vectors_and_downgrades(pg_dsn: str) -> N
             assert await conn.fetchval(vector.format("event_search")) == before
         finally:
             await conn.close()
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 import structlog
 from starlette.datastructures import Headers
 
@@ -25,12 +24,6 @@ from tests.integration.service_support import Running, new_key, running_service
 
 LANE = "application/json"
 ROUTE = "application/contextledger+json"
-
-
-@pytest_asyncio.fixture
-async def svc(pg_dsn: str) -> AsyncIterator[Running]:
-    async with running_service(Settings(dsn=pg_dsn, migrate=False, key_cache_seconds=0)) as r:
-        yield r
 
 
 def user(text: str) -> dict[str, Any]:

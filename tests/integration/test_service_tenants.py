@@ -3,27 +3,19 @@ application code is bypassed."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
-import pytest_asyncio
 
 from contextledger.errors import ConfigError
 from contextledger.http.keys import list_keys, revoke_key
 from contextledger.http.server import serve
 from contextledger.http.settings import Settings
 from contextledger.store.dsn import asyncpg_dsn
-from tests.integration.service_support import Running, new_key, running_service
+from tests.integration.service_support import Running, new_key
 
 ROLE = "contextledger_service"
-
-
-@pytest_asyncio.fixture
-async def svc(pg_dsn: str) -> AsyncIterator[Running]:
-    async with running_service(Settings(dsn=pg_dsn, migrate=False, key_cache_seconds=0)) as r:
-        yield r
 
 
 def auth(key: str) -> dict[str, str]:

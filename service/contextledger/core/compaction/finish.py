@@ -97,16 +97,10 @@ def finish_request_view(
     append = out.append
     last = len(items) - 1
     for n, item in enumerate(items):
-        if item.kind != "summary":  # the common case, kept lean: one lookup and one copy
-            key = (item.ref, item.kind, target_model)
-            hit = cache.get(key) if cache is not None else None
-            if hit is None or hit[0] is not item.message:
-                hit = _finished(item, reasoning, strip)
-                if cache is not None:
-                    cache[key] = hit
-            done = hit[1]
-            if done is not None:
-                append(dict(done) if hit[2] else copy.deepcopy(done))
+        if item.kind != "summary":  # the common case: no bridge to look for
+            message = _finish_one(item, reasoning, strip, cache, target_model)
+            if message is not None:
+                append(message)
             continue
         role = str(item.message.get("role", ""))
         bridge_role = _other(role)
