@@ -17,7 +17,7 @@ from contextledger.core.events import MessageAppended, SessionCreated
 from contextledger.session import Session
 from contextledger.store.dsn import asyncpg_dsn
 from contextledger.store.migrate import upgrade
-from contextledger.store.postgres import PostgresStore
+from contextledger.store.postgres import MAX_GATE_GAPS, PostgresStore
 from tests.fakellm import FakeLLM, running_fake_llm
 from tests.integration.conftest import PG_HOST, PG_PORT
 
@@ -264,18 +264,25 @@ async def test_a_failing_embedder_leaves_lexical_recall(pg_ledger: Ledger) -> No
     assert any("18443" in b for b in recall_blocks(request))
 
 
+@pytest.mark.parametrize("checkpoints", [0, MAX_GATE_GAPS + 1])
 @pytest.mark.parametrize("left_out", ["oldest", "middle", "newest", "none"])
 async def test_the_search_finds_a_fact_in_any_part_the_request_left_out(
-    ledger: Ledger, left_out: str
+    ledger: Ledger, left_out: str, checkpoints: int
 ) -> None:
     # The search skips its work when the request carries every message of the branch; a
     # fact left out anywhere (before, between or after what is carried) must still be
-    # found, and nothing may come back when nothing was left out.
-    session = await ledger.session(f"gap-{left_out}", config={"token_counter": "chars"})
+    # found, and nothing may come back when nothing was left out. Checkpoints are seqs no
+    # request carries: past MAX_GATE_GAPS of them the gate opens without probing them.
+    session = await ledger.session(
+        f"gap-{left_out}-{checkpoints}", config={"token_counter": "chars"}
+    )
     seqs = []
     for i in range(9):
         text = FACT if i == 4 else f"step {i}: please tidy the caching module"
         seqs.append(await session.add_message({"role": "user", "content": text}))
+        if i == 2:
+            for _ in range(checkpoints):
+                await session.checkpoint()
     carried = {
         "oldest": seqs[5:],  # the fact lies before the oldest message carried
         "middle": seqs[:4] + seqs[5:],  # in a gap between carried messages

@@ -230,19 +230,17 @@ _STORE_FRESH = f""" stored AS (
 #: times 1 + the ``ts_rank_cd`` of each (frequency and proximity, saturated; computed once
 #: per match, which is 2-3x cheaper than joining back for the top ones). What the request
 #: carries ($4) is left out; ties go to the newer event. A request that carries every
-#: message of the branch (a session shorter than its budget) has nothing to recall: the
-#: gate sees it in two primary-key range probes (no message before the oldest carried one,
-#: and as many messages from there on as the request carries) and the rest never runs
-#: (the catch-up still indexes what is new, so no backlog waits for the first search).
-_SEARCH = f"""{{head}} oldest AS MATERIALIZED (
-    SELECT coalesce(min(x), $3 + 1) AS seq FROM unnest($4::bigint[]) AS x
-), gate AS MATERIALIZED (
-    SELECT (SELECT e.seq FROM {S}.events e WHERE {{on_branch}}
-               AND e.seq < (SELECT seq FROM oldest) ORDER BY e.seq LIMIT 1) IS NOT NULL
-        OR (SELECT count(*) FROM (SELECT FROM {S}.events e WHERE {{on_branch}}
-                                     AND e.seq >= (SELECT seq FROM oldest)
-                                   ORDER BY e.seq LIMIT cardinality($4::bigint[]) + 1) c)
-           <> cardinality($4::bigint[]) AS open
+#: message of the branch (a session shorter than its budget) has nothing to recall. Seqs
+#: are dense, so what it leaves out lies among the seqs up to $3 it does not carry (the
+#: gaps, ``$G``, listed by the caller): when there are few, the gate probes them by key and
+#: the rest never runs unless one is a branch message; when there are many (``$G`` NULL)
+#: the gate is open without a probe. (A range probe here was O(history): the generic plan
+#: expects a session of a few rows and scans the range as a bitmap.) The catch-up still
+#: indexes what is new, so no backlog waits for the first search.
+_SEARCH = f"""{{head}} gate AS MATERIALIZED (
+    SELECT $G::bigint[] IS NULL
+        OR EXISTS (SELECT FROM {S}.events e WHERE {{on_branch}} AND e.seq = ANY($G::bigint[]))
+           AS open
 ), lq AS MATERIALIZED (
     SELECT l, quote_literal(l)::tsquery AS q
       FROM unnest(tsvector_to_array(to_tsvector($6::regconfig, $2))) AS l
@@ -268,13 +266,11 @@ _SEARCH = f"""{{head}} oldest AS MATERIALIZED (
     SELECT l, ln(1 + (greatest($3, count(*)) - count(*) + 0.5) / (count(*) + 0.5))::float8 AS idf
       FROM hits GROUP BY l
 ), c AS MATERIALIZED (
-    SELECT hits.seq, sum(w.idf) / (1 + ln(max(hits.size))) AS coarse
+    SELECT hits.seq, sum(w.idf) / (1 + ln(max(hits.size))) AS coarse, sum(hits.r) AS r
       FROM hits JOIN w USING (l)
      GROUP BY hits.seq ORDER BY coarse DESC, hits.seq DESC LIMIT 4 * $7
 )
-SELECT c.seq, c.coarse * (1 + s.r) AS rank
-  FROM c JOIN (SELECT seq, sum(r) AS r FROM hits GROUP BY seq) s USING (seq)
- ORDER BY rank DESC, c.seq DESC LIMIT $7"""
+SELECT c.seq, c.coarse * (1 + c.r) AS rank FROM c ORDER BY rank DESC, c.seq DESC LIMIT $7"""
 _UNINDEXED = "jsonb_to_tsvector($6::regconfig, e.data -> 'message', '[\"string\", \"numeric\"]')"
 _IN_SAMPLE = f"e.session_id = $1 AND e.seq <= $3 AND e.seq > $3 - {2 * SAMPLE}"
 #: (``rq`` is NULL when no lexeme was kept: a one-time filter, so no index is even opened)
@@ -291,6 +287,21 @@ _MATCHES = (
 #: replay's: its branch is an array parameter, which only a custom plan hashes.
 _SEARCH_SETTINGS = "SET LOCAL synchronous_commit = off"
 _LIVE_SEARCH_SETTINGS = _SEARCH_SETTINGS + "; SET LOCAL plan_cache_mode = force_generic_plan"
+
+
+#: The search's gate probes the seqs a request leaves out one by one up to this many;
+#: beyond, something is surely left out at length and the gate opens without a probe.
+MAX_GATE_GAPS = 256
+
+
+def gate_gaps(upto_seq: int, carried: Collection[int]) -> list[int] | None:
+    """The seqs up to ``upto_seq`` a request does not carry (``$G`` of the search), or
+    None when there are more than ``MAX_GATE_GAPS``."""
+    held = carried if isinstance(carried, set | frozenset) else set(carried)
+    inside = sum(1 for x in held if 0 < x <= upto_seq)
+    if upto_seq - inside > MAX_GATE_GAPS:
+        return None
+    return [x for x in range(1, upto_seq + 1) if x not in held]
 
 
 def search_sql(*, indexed: bool, given_branch: bool, store: bool = True) -> str:
@@ -1164,6 +1175,7 @@ class PostgresStore(Store):
         args += [sorted(branch) if branch is not None else None, text_config, limit]
         if branch is None:  # $5 unused: keep the parameter list dense
             del args[4]
+        args.append(gate_gaps(upto_seq, exclude))
 
         def sql(store: bool) -> str:
             text = search_sql(
@@ -1171,7 +1183,9 @@ class PostgresStore(Store):
                 given_branch=branch is not None,
                 store=store,
             )
-            return text.replace("$6", "$5").replace("$7", "$6") if branch is None else text
+            if branch is None:
+                text = text.replace("$6", "$5").replace("$7", "$6")
+            return text.replace("$G", f"${len(args)}")
 
         async def run(text: str) -> list[asyncpg.Record]:
             async with self._pool.acquire() as conn, conn.transaction():
