@@ -273,10 +273,12 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
 SELECT c.seq, c.coarse * (1 + c.r) AS rank FROM c ORDER BY rank DESC, c.seq DESC LIMIT $7"""
 _UNINDEXED = "jsonb_to_tsvector($6::regconfig, e.data -> 'message', '[\"string\", \"numeric\"]')"
 _IN_SAMPLE = f"e.session_id = $1 AND e.seq <= $3 AND e.seq > $3 - {2 * SAMPLE}"
-#: (``rq`` is NULL when no lexeme was kept: a one-time filter, so no index is even opened)
+#: (``rq`` is NULL when no lexeme was kept: a one-time filter, so no index is even opened;
+#: what the request carries is left out through a hashed subplan: ``<> ALL`` of an array
+#: parameter compares each match with every carried seq in a generic plan)
 _MATCHES = (
     "(SELECT q FROM rq) IS NOT NULL AND {v} @@ (SELECT q FROM rq) AND {branch}"
-    " AND NOT e.seq = ANY($4::bigint[])"
+    " AND e.seq NOT IN (SELECT unnest($4::bigint[]))"
 )
 
 
