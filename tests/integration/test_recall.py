@@ -17,7 +17,7 @@ from contextledger.core.events import MessageAppended, SessionCreated
 from contextledger.session import Session
 from contextledger.store.dsn import asyncpg_dsn
 from contextledger.store.migrate import upgrade
-from contextledger.store.postgres import MAX_GATE_GAPS, PostgresStore
+from contextledger.store.postgres import MAX_GATE_GAPS, RECHECK_AFTER, PostgresStore
 from tests.fakellm import FakeLLM, running_fake_llm
 from tests.integration.conftest import PG_HOST, PG_PORT
 
@@ -333,6 +333,34 @@ async def test_appends_write_no_vectors_and_each_search_indexes_what_is_new(
     assert len(await indexed(pg_dsn, "r")) == len(await message_seqs(session)) - 2
     await session.get_messages_for_request(token_budget=2000)
     assert await indexed(pg_dsn, "r") == await message_seqs(session)
+
+
+async def test_a_short_session_skips_the_search_until_something_may_be_left_out(
+    pg_ledger: Ledger, pg_dsn: str
+) -> None:
+    # While every request carries the whole branch, a closed gate is remembered and the
+    # search (and its indexing) skipped; a seq newly left out, or RECHECK_AFTER seqs,
+    # make it run again, and a fact pushed out of the budget is still recalled.
+    session = await pg_ledger.session("short", config={"token_counter": "chars"})
+    await session.add_message({"role": "user", "content": FACT})
+    await session.add_message({"role": "assistant", "content": "Noted."})
+    await session.get_messages_for_request(token_budget=100_000)
+    assert await indexed(pg_dsn, "short") == await message_seqs(session)  # searched
+    first = await indexed(pg_dsn, "short")
+    await chatter(session, 3)
+    await session.get_messages_for_request(token_budget=100_000)
+    assert await indexed(pg_dsn, "short") == first  # skipped: nothing can be left out
+    await session.checkpoint("c")  # a seq no request carries: the gate is probed again
+    await session.get_messages_for_request(token_budget=100_000)
+    assert await indexed(pg_dsn, "short") == await message_seqs(session)
+    for i in range(RECHECK_AFTER // 2 + 1):  # skipped at most RECHECK_AFTER seqs
+        await chatter(session, 1, start=10 + i)
+        await session.get_messages_for_request(token_budget=100_000)
+    assert len(await indexed(pg_dsn, "short")) >= len(await message_seqs(session)) - 2
+    await chatter(session, 40, start=100)  # the fact falls out of a small budget
+    await session.add_message({"role": "user", "content": QUESTION})
+    blocks = recall_blocks(await session.get_messages_for_request(token_budget=2000))
+    assert len(blocks) == 1 and FACT in blocks[0]
 
 
 async def test_concurrent_searches_agree_and_index_each_event_once(

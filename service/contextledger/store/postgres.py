@@ -193,6 +193,17 @@ _GIVEN_SEQS = """
 #: Message events of the branch (of ``events e``).
 _ON_BRANCH = " e.type = 'message.appended' AND" + _BRANCH_SEQS
 _ON_GIVEN_BRANCH = " e.type = 'message.appended' AND" + _GIVEN_SEQS
+#: The search's gate probes the seqs a request leaves out one by one up to this many;
+#: beyond, something is surely left out at length and the gate opens without a probe.
+MAX_GATE_GAPS = 256
+#: The row a search returns when its gate found nothing left out (not a match).
+CLOSED = -1
+#: A closed gate is remembered (per session, in this store) and the search skipped while
+#: the request leaves out no seq it did not leave out then; at most this many seqs later
+#: the search runs again, so the vectors it stores lag the ledger by a bounded amount.
+RECHECK_AFTER = 64
+#: Sessions whose closed gate a store remembers (the oldest is forgotten first).
+MAX_REMEMBERED = 4096
 #: Vectors are not written by appends (0006: the parser would run in every append): the
 #: search indexes the session's message events above its highest indexed seq itself, in
 #: the same statement. Events of a session are committed in seq order, so the indexed
@@ -270,7 +281,8 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
       FROM hits JOIN w USING (l)
      GROUP BY hits.seq ORDER BY coarse DESC, hits.seq DESC LIMIT 4 * $7
 )
-SELECT c.seq, c.coarse * (1 + c.r) AS rank FROM c ORDER BY rank DESC, c.seq DESC LIMIT $7"""
+(SELECT c.seq, c.coarse * (1 + c.r) AS rank FROM c ORDER BY rank DESC, c.seq DESC LIMIT $7)
+UNION ALL SELECT {CLOSED}::bigint, 0::float8 FROM gate WHERE NOT gate.open"""
 _UNINDEXED = "jsonb_to_tsvector($6::regconfig, e.data -> 'message', '[\"string\", \"numeric\"]')"
 _IN_SAMPLE = f"e.session_id = $1 AND e.seq <= $3 AND e.seq > $3 - {2 * SAMPLE}"
 #: (``rq`` is NULL when no lexeme was kept: a one-time filter, so no index is even opened;
@@ -289,11 +301,6 @@ _MATCHES = (
 #: replay's: its branch is an array parameter, which only a custom plan hashes.
 _SEARCH_SETTINGS = "SET LOCAL synchronous_commit = off"
 _LIVE_SEARCH_SETTINGS = _SEARCH_SETTINGS + "; SET LOCAL plan_cache_mode = force_generic_plan"
-
-
-#: The search's gate probes the seqs a request leaves out one by one up to this many;
-#: beyond, something is surely left out at length and the gate opens without a probe.
-MAX_GATE_GAPS = 256
 
 
 def gate_gaps(upto_seq: int, carried: Collection[int]) -> list[int] | None:
@@ -454,6 +461,8 @@ class PostgresStore(Store):
         )
         self._hot_max = hot_connections
         self._vectors: bool | None = None  # pgvector present? (asked once)
+        # session -> (seq, gaps) of its last live search whose gate was closed
+        self._closed: dict[str, tuple[int, frozenset[int]]] = {}
 
     @classmethod
     @translated
@@ -1173,11 +1182,23 @@ class PostgresStore(Store):
         limit: int,
         text_config: str,
     ) -> list[tuple[int, float]]:
+        gaps = gate_gaps(upto_seq, exclude)
+        closed = self._closed.get(session_id) if branch is None else None
+        if (
+            closed is not None
+            and gaps is not None
+            and closed[0] <= upto_seq < closed[0] + RECHECK_AFTER
+            and closed[1].issuperset(gaps)
+        ):
+            # Every seq left out now was left out then, when none was a branch message;
+            # every seq since is carried, so no event changed the branch: nothing is left
+            # out (a replay of this request runs the search, and finds nothing either).
+            return []
         args: list[Any] = [session_id, query, upto_seq, sorted(exclude)]
         args += [sorted(branch) if branch is not None else None, text_config, limit]
         if branch is None:  # $5 unused: keep the parameter list dense
             del args[4]
-        args.append(gate_gaps(upto_seq, exclude))
+        args.append(gaps)
 
         def sql(store: bool) -> str:
             text = search_sql(
@@ -1204,7 +1225,13 @@ class PostgresStore(Store):
             raise InvalidArgument(
                 f"recall.text_search_config: {exc}", field="recall.text_search_config"
             ) from None
-        return [(r[0], float(r[1])) for r in rows]
+        if branch is None:
+            self._closed.pop(session_id, None)
+            if gaps is not None and any(r[0] == CLOSED for r in rows):
+                if len(self._closed) >= MAX_REMEMBERED:
+                    del self._closed[next(iter(self._closed))]
+                self._closed[session_id] = (upto_seq, frozenset(gaps))
+        return [(r[0], float(r[1])) for r in rows if r[0] != CLOSED]
 
     @translated
     async def vectors_available(self) -> bool:
@@ -1372,6 +1399,7 @@ class PostgresStore(Store):
                     ) from None
                 raise
         self._heads.pop(session_id, None)
+        self._closed.pop(session_id, None)
         return n
 
     @translated
