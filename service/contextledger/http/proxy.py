@@ -7,6 +7,12 @@ an idempotency key derived from its position and content, so a retried request
 appends nothing twice), replaces the messages with the session's budgeted
 request view, forwards through litellm to the configured upstream, streams the
 reply back as it arrives and records it in the ledger.
+
+The reply is recorded once the response is on its way (``Tenants.defer``), off the
+client's wait: the next request for the session through this process waits for that
+record before it compares histories, and shutdown waits for every pending one. The
+reply's record and a resend of the same message at the same place share one
+idempotency key, so another process that sees the resend first appends it once.
 """
 
 from __future__ import annotations
@@ -81,8 +87,11 @@ def _canonical(message: Mapping[str, Any]) -> bytes:
     return json.dumps(essence(message), sort_keys=True, separators=(",", ":"), default=str).encode()
 
 
-def position_key(kind: str, position: int, message: Mapping[str, Any]) -> str:
-    return f"proxy:{kind}:{position}:" + hashlib.sha256(_canonical(message)).hexdigest()[:32]
+def position_key(position: int, message: Mapping[str, Any]) -> str:
+    """The idempotency key of ``message`` at ``position`` of the conversation: the same
+    for a reply the proxy records and for that reply resent by the client (an earlier
+    version keyed them apart, ``proxy:in:``/``proxy:out:``)."""
+    return f"proxy:at:{position}:" + hashlib.sha256(_canonical(message)).hexdigest()[:32]
 
 
 def prefix_digest(messages: Sequence[Mapping[str, Any]], into: Any = None) -> Any:
@@ -273,9 +282,7 @@ async def chat_completions(request: Request) -> Response:
         else:
             for i, m in enumerate(sent[k:], start=k):
                 before = session.head
-                seq = await session.add_message(
-                    essence(m), idempotency_key=position_key("in", i, m)
-                )
+                seq = await session.add_message(essence(m), idempotency_key=position_key(i, m))
                 _extend(session, before, seq, m)
             metrics.appends.inc(len(sent) - k)
         outgoing = await session.get_messages_for_request(
@@ -296,28 +303,46 @@ async def chat_completions(request: Request) -> Response:
         sent=len(outgoing),
         overhead_ms=round((time.perf_counter() - started) * 1000, 2),
     )
+    record = _Recorder(tenants, tenant, session_id, session, position, metrics)
     if body.get("stream"):
-        return await _stream(litellm, kwargs, extra, outgoing, session, position, metrics)
+        return await _stream(litellm, kwargs, extra, outgoing, record)
     try:
         response = await litellm.acompletion(messages=outgoing, **kwargs, **extra)
     except Exception as exc:
         raise _upstream_problem(exc) from exc
     data = response.model_dump(exclude_none=True)
     choices = data.get("choices") or []
-    if choices and position >= 0:
-        reply = essence(choices[0].get("message") or {})
-        await _record(session, reply, position, metrics)
+    if choices:
+        record(essence(choices[0].get("message") or {}))
     _count_usage(metrics, data.get("usage"))
     return JSONResponse(data)
 
 
-async def _record(session: Session, reply: dict[str, Any], position: int, metrics: Any) -> None:
-    if reply.get("content") is None and not reply.get("tool_calls"):
-        return
-    before = session.head
-    seq = await session.add_message(reply, idempotency_key=position_key("out", position, reply))
-    _extend(session, before, seq, reply)
-    metrics.appends.inc()
+@dataclass(slots=True)
+class _Recorder:
+    """Records a reply in the session at ``position`` (``-1``: a retry's, already
+    recorded), deferred past the response (``Tenants.defer``)."""
+
+    tenants: Tenants
+    tenant: str
+    session_id: str
+    session: Session
+    position: int
+    metrics: Any
+
+    def __call__(self, reply: dict[str, Any]) -> None:
+        if self.position < 0 or (reply.get("content") is None and not reply.get("tool_calls")):
+            return
+
+        async def write() -> None:
+            before = self.session.head
+            seq = await self.session.add_message(
+                reply, idempotency_key=position_key(self.position, reply)
+            )
+            _extend(self.session, before, seq, reply)
+            self.metrics.appends.inc()
+
+        self.tenants.defer(self.tenant, self.session_id, write)
 
 
 def _count_usage(metrics: Any, usage: Any) -> None:
@@ -333,9 +358,7 @@ async def _stream(
     kwargs: dict[str, Any],
     extra: dict[str, Any],
     outgoing: list[dict[str, Any]],
-    session: Session,
-    position: int,
-    metrics: Any,
+    record: _Recorder,
 ) -> Response:
     try:
         upstream = await litellm.acompletion(
@@ -363,8 +386,8 @@ async def _stream(
         if built is not None:
             data = built.model_dump(exclude_none=True)
             choices = data.get("choices") or []
-            if choices and position >= 0:
-                await _record(session, essence(choices[0].get("message") or {}), position, metrics)
-            _count_usage(metrics, data.get("usage"))
+            if choices:
+                record(essence(choices[0].get("message") or {}))
+            _count_usage(record.metrics, data.get("usage"))
 
     return StreamingResponse(relay(), media_type="text/event-stream")
