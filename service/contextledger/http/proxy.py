@@ -94,18 +94,12 @@ def position_key(position: int, message: Mapping[str, Any]) -> str:
     return f"proxy:at:{position}:" + hashlib.sha256(_canonical(message)).hexdigest()[:32]
 
 
-def prefix_digest(messages: Sequence[Mapping[str, Any]], into: Any = None) -> Any:
-    """A running sha256 over the fields ``essence`` reads, as sent (pass ``into`` to extend
-    one). Equal digests mean equal essences; the reverse need not hold (a mismatch only
-    costs a read of the branch). ``repr``: ~2.5 us a message, half of ``json.dumps``."""
-    digest = into if into is not None else hashlib.sha256()
-    for m in messages:
-        role, content, calls = m.get("role"), m.get("content"), m.get("tool_calls")
-        text = repr((role, content, calls, m.get("name"), m.get("tool_call_id")))
-        raw = text.encode("utf-8", "surrogatepass")
-        digest.update(b"%d:" % len(raw))
-        digest.update(raw)
-    return digest
+def fields(message: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The fields ``essence`` reads, as sent: equal fields mean equal essences (the
+    reverse need not hold: a mismatch only costs a read of the branch). Compared as
+    tuples, ~0.3 us a message (a sha256 over their ``repr`` took ~3 us)."""
+    get = message.get
+    return (get("role"), get("content"), get("tool_calls"), get("name"), get("tool_call_id"))
 
 
 @dataclass(slots=True)
@@ -115,8 +109,7 @@ class _Prefix:
     is still ``head`` (any other write through this process moves it)."""
 
     head: int
-    count: int
-    digest: Any  # hashlib's sha256 object, extended as messages are appended
+    items: list[tuple[Any, ...]]  # ``fields`` of each message, extended as they are appended
 
 
 #: Per cached session (dropped with it). A miss costs one read of the branch, as before.
@@ -125,20 +118,18 @@ _prefixes: weakref.WeakKeyDictionary[Session, _Prefix] = weakref.WeakKeyDictiona
 
 async def _common_prefix(session: Session, sent: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
     """``(k, branch length)``: how many of ``sent`` the branch already holds. No read when
-    this process wrote the branch's last messages itself: one hash over what was sent."""
+    this process wrote the branch's last messages itself: one comparison with what was
+    sent."""
     known = _prefixes.get(session)
-    if (
-        known is not None
-        and known.head == session.head
-        and known.count <= len(sent)
-        and prefix_digest(sent[: known.count]).digest() == known.digest.digest()
-    ):
-        return known.count, known.count
+    if known is not None and known.head == session.head:
+        count = len(known.items)
+        if count <= len(sent) and list(map(fields, sent[:count])) == known.items:
+            return count, count
     head = session.head
     branch = await session.get_messages()
     k = common_prefix(branch, sent)
     if k == len(branch):  # remembered as the client sends it, so its next resend matches
-        _prefixes[session] = _Prefix(head, k, prefix_digest(sent[:k]))
+        _prefixes[session] = _Prefix(head, list(map(fields, sent[:k])))
     else:
         _prefixes.pop(session, None)
     return k, len(branch)
@@ -155,8 +146,8 @@ def _extend(
     if known.head != head_before or seq != head_before + 1:
         _prefixes.pop(session, None)
         return
-    known.head, known.count = seq, known.count + 1
-    prefix_digest([message], into=known.digest)
+    known.head = seq
+    known.items.append(fields(message))
 
 
 async def _session(tenants: Tenants, tenant: str, session_id: str, model: str) -> Session:
