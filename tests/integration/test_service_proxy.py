@@ -372,3 +372,25 @@ async def test_shutdown_waits_for_the_deferred_records(pg_dsn: str) -> None:
     async with Ledger.open(pg_dsn) as ledger:
         stored = await (await ledger.session("late", create=False)).get_messages()
     assert stored == [{"role": "assistant", "content": "late"}]
+
+
+async def test_shutdown_gives_up_on_a_deferred_record_that_never_lands(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contextledger.http import tenancy
+
+    monkeypatch.setattr(tenancy, "DRAIN_S", 0.2)
+    cancelled = asyncio.Event()
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as svc:
+        tenants = svc.app.state.tenants
+        await tenants.session("local", "stuck", create=True)
+
+        async def write() -> None:
+            try:
+                await asyncio.Event().wait()  # a write that never comes back
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        tenants.defer("local", "stuck", write)
+    assert cancelled.is_set()  # shutdown finished: the write was given up, not awaited forever

@@ -25,6 +25,8 @@ from contextledger.store.dsn import asyncpg_dsn
 log = structlog.get_logger(__name__)
 LOCAL_TENANT = "local"
 SESSION_CACHE = 4096
+#: How long ``close`` waits for deferred writes (a reply's record: one append each).
+DRAIN_S = 30.0
 
 
 class Tenants:
@@ -186,9 +188,18 @@ class Tenants:
         return stats
 
     async def close(self) -> None:
-        """Close every ledger once the deferred writes have landed: each ledger waits
-        for its in-flight appends to come home."""
-        await self.settled()
+        """Close every ledger once the deferred writes have landed (``DRAIN_S`` at
+        most: a reply whose record is cut off is appended when the client resends its
+        history): each ledger waits for its in-flight appends to come home."""
+        try:
+            async with asyncio.timeout(DRAIN_S):
+                await self.settled()
+        except TimeoutError:
+            late = list(self._deferred.values())
+            log.warning("deferred_writes_abandoned", pending=len(late))
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         ledgers, self._ledgers = list(self._ledgers.values()), {}
         for ledger in ledgers:
             await ledger.close()
