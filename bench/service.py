@@ -4,9 +4,11 @@
 
 Without ``--dsn`` it runs on a fresh embedded PostgreSQL in a temporary directory.
 The service runs as its own process (``contextledger serve``, as deployed); the
-load comes from aiohttp clients on loopback (``--client httpx`` for httpx: on this
-machine its client burned 3-4 ms of CPU per request, 7x aiohttp's, so it measured
-itself more than the service). In the same run, on the same server:
+load comes from clients on loopback that share the service's 2 cores here, so their
+CPU is taken from the service: the default ``--client wire`` writes HTTP/1.1 on
+keep-alive connections itself (~0.05 ms of CPU a request; aiohttp's client took
+0.32-0.36 ms, half of what the service spends on an append, and httpx's 3-4 ms).
+In the same run, on the same server:
 
 1. Appends at 1, 16 and 64 concurrent clients (one session each): throughput and
    p50/p99 latency for the service (``POST /v1/sessions/{id}/messages``), the
@@ -33,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -117,15 +120,84 @@ async def wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("the service did not become ready")
 
 
+class Wire:
+    """A load generator's HTTP/1.1 client: POSTs a JSON body on a keep-alive connection
+    (one per concurrent caller, reused) and reads a ``Content-Length`` or chunked
+    answer. Idle connections are dropped before uvicorn's 5 s keep-alive closes them."""
+
+    IDLE_S = 3.0
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[tuple[float, Any, Any]]] = {}
+
+    async def post(self, url: str, body: Any, headers: dict[str, str] | None) -> Any:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        data = json.dumps(body).encode()
+        head = [
+            f"POST {parts.path} HTTP/1.1",
+            f"Host: {host}:{port}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(data)}",
+            *(f"{k}: {v}" for k, v in (headers or {}).items()),
+        ]
+        request = ("\r\n".join(head) + "\r\n\r\n").encode() + data
+        idle = self._idle.setdefault((host, port), [])
+        now = time.monotonic()
+        while idle:
+            used, reader, writer = idle.pop()
+            if now - used < self.IDLE_S:
+                break
+            writer.close()
+        else:
+            reader, writer = await asyncio.open_connection(host, port)
+        writer.write(request)
+        lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        version, status_text = lines[0].split()[:2]
+        status = int(status_text)
+        length, chunked, close = 0, False, version == "HTTP/1.0"
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            name, value = name.strip().lower(), value.strip().lower()
+            if name == "content-length":
+                length = int(value)
+            elif name == "transfer-encoding":
+                chunked = "chunked" in value
+            elif name == "connection":
+                close = value != "keep-alive"
+        if chunked:
+            pieces = []
+            while size := int((await reader.readline()).split(b";")[0], 16):
+                pieces.append(await reader.readexactly(size))
+                await reader.readline()
+            await reader.readline()
+            raw = b"".join(pieces)
+        else:
+            raw = await reader.readexactly(length)
+        if close:
+            writer.close()
+        else:
+            idle.append((time.monotonic(), reader, writer))
+        return status, json.loads(raw) if raw else None
+
+    async def close(self) -> None:
+        for conns in self._idle.values():
+            for _, _, writer in conns:
+                writer.close()
+        self._idle.clear()
+
+
 class Http:
-    """A minimal POST/GET over aiohttp or httpx: status and JSON body."""
+    """A minimal POST over our own wire client, aiohttp or httpx: status and JSON body."""
 
     def __init__(self, kind: str, base: str) -> None:
         self.kind, self.base = kind, base
         self._client: Any = None
 
     async def __aenter__(self) -> Http:
-        if self.kind == "httpx":
+        if self.kind == "wire":
+            self._client = Wire()
+        elif self.kind == "httpx":
             limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
             self._client = httpx.AsyncClient(limits=limits, timeout=60)
         else:
@@ -138,10 +210,15 @@ class Http:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await (self._client.aclose() if self.kind == "httpx" else self._client.close())
+        if self.kind == "wire":
+            await self._client.close()
+        else:
+            await (self._client.aclose() if self.kind == "httpx" else self._client.close())
 
     async def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> Any:
         url = path if path.startswith("http") else self.base + path
+        if self.kind == "wire":
+            return await self._client.post(url, body, headers)
         if self.kind == "httpx":
             r = await self._client.post(url, json=body, headers=headers)
             return r.status_code, r.json()
@@ -280,7 +357,7 @@ def main() -> None:
     parser.add_argument("--dsn", help="a PostgreSQL server to use (default: a fresh embedded one)")
     parser.add_argument("--appends", type=int, default=2048, help="appends per row")
     parser.add_argument("--proxy-calls", type=int, default=200)
-    parser.add_argument("--client", choices=["aiohttp", "httpx"], default="aiohttp")
+    parser.add_argument("--client", choices=["wire", "aiohttp", "httpx"], default="wire")
     args = parser.parse_args()
     install_sigterm_handler()
     if args.dsn:

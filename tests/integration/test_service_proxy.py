@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import asyncpg
 import httpx
 import openai
 import pytest
@@ -13,7 +16,8 @@ from openai import AsyncOpenAI
 
 from contextledger import Ledger
 from contextledger.http.settings import Settings
-from tests.fakellm import FakeLLM, ok, running_fake_llm, server_error, tool_call
+from contextledger.store.dsn import asyncpg_dsn
+from tests.fakellm import FakeLLM, ok, running_fake_llm, server_error, slow, tool_call
 from tests.integration.service_support import Running, running_service
 
 
@@ -45,7 +49,10 @@ def client(svc: Running, session: str) -> AsyncOpenAI:
     )
 
 
-async def branch(dsn: str, session_id: str) -> list[dict[str, Any]]:
+async def branch(svc: Running, dsn: str, session_id: str) -> list[dict[str, Any]]:
+    """The session's branch as another process reads it, once the replies the service
+    records after responding have landed."""
+    await svc.app.state.tenants.settled()
     async with Ledger.open(dsn) as ledger:
         return await (await ledger.session(session_id, create=False)).get_messages()
 
@@ -64,7 +71,7 @@ async def test_whole_history_resent_is_appended_once(
     history += [first.choices[0].message.model_dump(), {"role": "user", "content": "Who am I?"}]
     second = await oai.chat.completions.create(model="m", messages=history)
     assert second.choices[0].message.content == "You are Ada."
-    stored = await branch(pg_dsn, "chat-1")
+    stored = await branch(svc, pg_dsn, "chat-1")
     assert [(m["role"], m["content"]) for m in stored] == [
         ("system", "Be brief."),
         ("user", "Hi, I'm Ada."),
@@ -77,7 +84,7 @@ async def test_whole_history_resent_is_appended_once(
     assert sent.headers["authorization"] == "Bearer upstream-secret"
     # a retry of the second request (the client never saw the answer) appends nothing
     await oai.chat.completions.create(model="m", messages=history)
-    assert await branch(pg_dsn, "chat-1") == stored
+    assert await branch(svc, pg_dsn, "chat-1") == stored
 
 
 async def test_the_upstream_gets_the_budgeted_view(
@@ -90,7 +97,7 @@ async def test_the_upstream_gets_the_budgeted_view(
         reply = await oai.chat.completions.create(model="m", messages=history)
         history.append({"role": "assistant", "content": reply.choices[0].message.content})
     last = fake.calls("m")[-1]
-    stored = await branch(pg_dsn, "long")
+    stored = await branch(svc, pg_dsn, "long")
     assert len(stored) == 24
     assert len(last.messages) < 23  # the ledger keeps everything; the model got a fitted view
     assert last.messages[-1]["content"] == history[-2]["content"]
@@ -107,7 +114,7 @@ async def test_streaming_relays_chunks_and_records_the_reply(
     pieces = [c.choices[0].delta.content async for c in stream if c.choices]
     assert len([p for p in pieces if p]) >= 2
     assert "".join(p or "" for p in pieces) == "a streamed answer in pieces"
-    stored = await branch(pg_dsn, "stream")
+    stored = await branch(svc, pg_dsn, "stream")
     assert stored[-1] == {"role": "assistant", "content": "a streamed answer in pieces"}
 
 
@@ -131,7 +138,7 @@ async def test_tool_calls_round_trip(svc: Running, fake: FakeLLM, pg_dsn: str) -
     ]
     second = await oai.chat.completions.create(model="m", messages=history, tools=tools)
     assert second.choices[0].message.content == "Sunny."
-    stored = await branch(pg_dsn, "tools")
+    stored = await branch(svc, pg_dsn, "tools")
     assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
     assert stored[1]["tool_calls"][0]["id"] == "call_9"
     assert fake.calls("m")[1].messages[-1] == {
@@ -155,7 +162,7 @@ async def test_streamed_tool_call_is_recorded(svc: Running, fake: FakeLLM, pg_ds
         if t.function is not None
     ]
     assert names == ["lookup"]
-    stored = await branch(pg_dsn, "stream-tools")
+    stored = await branch(svc, pg_dsn, "stream-tools")
     assert stored[-1]["tool_calls"][0]["function"] == {"name": "lookup", "arguments": '{"q": "x"}'}
 
 
@@ -201,7 +208,7 @@ async def test_a_rewritten_history_is_recorded_as_such(
     await oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "v1"}])
     edited: list[Any] = [{"role": "user", "content": "v2, edited"}]
     await oai.chat.completions.create(model="m", messages=edited)
-    stored = await branch(pg_dsn, "edited")
+    stored = await branch(svc, pg_dsn, "edited")
     assert stored == [*edited, {"role": "assistant", "content": "second answer"}]
     async with Ledger.open(pg_dsn) as ledger:
         session = await ledger.session("edited", create=False)
@@ -223,7 +230,7 @@ async def test_an_edit_deep_in_a_longer_history_is_still_seen(
     history[2] = {"role": "assistant", "content": "an answer the client edited"}
     history.append({"role": "user", "content": "q3"})
     await oai.chat.completions.create(model="m", messages=history)
-    stored = await branch(pg_dsn, "deep-edit")
+    stored = await branch(svc, pg_dsn, "deep-edit")
     assert stored[:-1] == history
     assert stored[-1]["role"] == "assistant"
 
@@ -243,7 +250,7 @@ async def test_a_rest_append_between_proxy_calls_is_seen(
     await oai.chat.completions.create(model="m", messages=history)
     # the client's history no longer matches the branch: recorded as a rewrite, as
     # when the proxy read the branch on every call
-    assert await branch(pg_dsn, "mixed") == [*history, {"role": "assistant", "content": "a1"}]
+    assert await branch(svc, pg_dsn, "mixed") == [*history, {"role": "assistant", "content": "a1"}]
     async with Ledger.open(pg_dsn) as ledger:
         session = await ledger.session("mixed", create=False)
         contents = [
@@ -252,3 +259,138 @@ async def test_a_rest_append_between_proxy_calls_is_seen(
             if e.type == "message.appended"
         ]
     assert "a note added through the REST API" in contents
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll ``check`` until it holds (a synchronization point, not a timing assertion)."""
+    for _ in range(1000):
+        if await check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+@asynccontextmanager
+async def inserts_held(dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """No event can be written while this is open (reads go on): a write waits for it."""
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE contextledger.events IN SHARE MODE")
+            yield conn
+    finally:
+        await conn.close()
+
+
+async def writes_waiting(conn: asyncpg.Connection) -> int:
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted"
+            " AND relation = 'contextledger.events'::regclass"
+        )
+    )
+
+
+async def test_the_reply_is_recorded_after_the_response_and_before_the_next_use(
+    svc: Running, fake: FakeLLM, pg_dsn: str
+) -> None:
+    fake.script("m", [slow(0.5, "a1")])
+    oai = client(svc, "after")
+    first = asyncio.create_task(
+        oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "u1"}])
+    )
+
+    async def forwarded() -> bool:
+        return bool(fake.calls("m"))
+
+    await until(forwarded, "the request reached the upstream")  # u1 is recorded by then
+    async with inserts_held(pg_dsn):
+        reply = await first  # answered although its record cannot be written yet
+        assert reply.choices[0].message.content == "a1"
+        async with Ledger.open(pg_dsn) as ledger:
+            elsewhere = await (await ledger.session("after", create=False)).get_messages()
+        assert elsewhere == [{"role": "user", "content": "u1"}]
+        # a read through the service waits for the record instead of missing it
+        read = asyncio.create_task(svc.client.get("/v1/sessions/after/messages"))
+        await asyncio.sleep(0.3)  # a read that did not wait would be back by now
+    messages = (await read).json()["messages"]
+    assert messages == [
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+    ]
+
+
+async def test_a_resent_reply_seen_first_by_another_process_is_recorded_once(
+    svc: Running, fake: FakeLLM, pg_dsn: str
+) -> None:
+    fake.script("m", [slow(0.5, "a1"), ok("a2")])
+    history: list[Any] = [{"role": "user", "content": "u1"}]
+    first = asyncio.create_task(
+        client(svc, "two").chat.completions.create(model="m", messages=history)
+    )
+
+    async def forwarded() -> bool:
+        return bool(fake.calls("m"))
+
+    await until(forwarded, "the request reached the upstream")
+    settings = Settings(dsn=pg_dsn, migrate=False, upstream_api_base=fake.base_url)
+    async with running_service(settings) as other:
+        async with inserts_held(pg_dsn) as held:
+            reply = await first  # its record waits for the lock
+            history += [reply.choices[0].message.model_dump(), {"role": "user", "content": "u2"}]
+            second = asyncio.create_task(
+                client(other, "two").chat.completions.create(model="m", messages=history)
+            )
+
+            async def both_waiting() -> bool:  # the record here, the resend's append there
+                return await writes_waiting(held) >= 2
+
+            await until(both_waiting, "both writes wait for the lock")
+        assert (await second).choices[0].message.content == "a2"
+    assert await branch(svc, pg_dsn, "two") == [
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "u2"},
+        {"role": "assistant", "content": "a2"},
+    ]
+
+
+async def test_shutdown_waits_for_the_deferred_records(pg_dsn: str) -> None:
+    gate = asyncio.Event()
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as svc:
+        tenants = svc.app.state.tenants
+        session = await tenants.session("local", "late", create=True)
+
+        async def write() -> None:
+            await gate.wait()
+            await session.add_message({"role": "assistant", "content": "late"})
+
+        tenants.defer("local", "late", write)
+        svc.server.should_exit = True
+        await asyncio.sleep(0.3)  # shutdown under way meanwhile: it must not close the ledger
+        gate.set()
+    async with Ledger.open(pg_dsn) as ledger:
+        stored = await (await ledger.session("late", create=False)).get_messages()
+    assert stored == [{"role": "assistant", "content": "late"}]
+
+
+async def test_shutdown_gives_up_on_a_deferred_record_that_never_lands(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contextledger.http import tenancy
+
+    monkeypatch.setattr(tenancy, "DRAIN_S", 0.2)
+    cancelled = asyncio.Event()
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as svc:
+        tenants = svc.app.state.tenants
+        await tenants.session("local", "stuck", create=True)
+
+        async def write() -> None:
+            try:
+                await asyncio.Event().wait()  # a write that never comes back
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        tenants.defer("local", "stuck", write)
+    assert cancelled.is_set()  # shutdown finished: the write was given up, not awaited forever

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ from contextledger.store.dsn import asyncpg_dsn
 log = structlog.get_logger(__name__)
 LOCAL_TENANT = "local"
 SESSION_CACHE = 4096
+#: How long ``close`` waits for deferred writes (a reply's record: one append each).
+DRAIN_S = 30.0
 
 
 class Tenants:
@@ -39,6 +42,8 @@ class Tenants:
         self._opening = asyncio.Lock()
         self._head: str | None = None
         self.on_session: list[Any] = []  # callbacks(session) when a session is first opened
+        #: (tenant, session id) -> the last write deferred past a response (``defer``)
+        self._deferred: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     @property
     def memory(self) -> bool:
@@ -118,7 +123,11 @@ class Tenants:
         config: Any = None,
         metadata: Any = None,
     ) -> Session:
-        """An existing session (``SessionNotFound`` otherwise), or a new one if ``create``."""
+        """An existing session (``SessionNotFound`` otherwise), or a new one if ``create``.
+
+        Writes to it deferred by earlier requests (``defer``) have landed by then."""
+        if self._deferred:
+            await self.settle(tenant, session_id)
         ledger = await self.ledger(tenant)
         cache = self._sessions[tenant]
         session = cache.get(session_id)
@@ -135,6 +144,37 @@ class Tenants:
             callback(session)
         return session
 
+    def defer(self, tenant: str, session_id: str, write: Callable[[], Awaitable[None]]) -> None:
+        """Run ``write`` (to the session) once the current response is on its way.
+
+        Every later use of the session through this process (``session``) waits for it,
+        so what a client does after seeing the response comes after the write, and
+        ``close`` waits for all of them. Deferred writes to one session run in order.
+        A write that fails is logged: nothing awaits it.
+        """
+        key = (tenant, session_id)
+        task = asyncio.get_running_loop().create_task(
+            _after(self._deferred.get(key), write, tenant, session_id)
+        )
+        self._deferred[key] = task
+
+        def done(finished: asyncio.Task[None]) -> None:
+            if self._deferred.get(key) is finished:
+                del self._deferred[key]
+
+        task.add_done_callback(done)
+
+    async def settle(self, tenant: str, session_id: str) -> None:
+        """Wait for the writes to the session deferred so far (``defer``)."""
+        task = self._deferred.get((tenant, session_id))
+        if task is not None:
+            await asyncio.wait([task])  # a cancelled waiter leaves the write running
+
+    async def settled(self) -> None:
+        """Wait until no deferred write is pending (for every session)."""
+        while self._deferred:
+            await asyncio.wait(list(self._deferred.values()))
+
     def forget(self, tenant: str, session_id: str) -> None:
         self._sessions.get(tenant, OrderedDict()).pop(session_id, None)
 
@@ -148,10 +188,35 @@ class Tenants:
         return stats
 
     async def close(self) -> None:
-        """Close every ledger: each waits for its in-flight appends to come home."""
+        """Close every ledger once the deferred writes have landed (``DRAIN_S`` at
+        most: a reply whose record is cut off is appended when the client resends its
+        history): each ledger waits for its in-flight appends to come home."""
+        try:
+            async with asyncio.timeout(DRAIN_S):
+                await self.settled()
+        except TimeoutError:
+            late = list(self._deferred.values())
+            log.warning("deferred_writes_abandoned", pending=len(late))
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         ledgers, self._ledgers = list(self._ledgers.values()), {}
         for ledger in ledgers:
             await ledger.close()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
+
+
+async def _after(
+    before: asyncio.Task[None] | None,
+    write: Callable[[], Awaitable[None]],
+    tenant: str,
+    session_id: str,
+) -> None:
+    if before is not None:
+        await asyncio.wait([before])
+    try:
+        await write()
+    except Exception:
+        log.exception("deferred_write_failed", tenant=tenant, session_id=session_id)
