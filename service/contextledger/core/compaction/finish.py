@@ -91,8 +91,12 @@ def finish_request_view(
 ) -> list[dict[str, Any]]:
     reasoning = needs_reasoning_block(target_model or "")
     strip = not is_anthropic(target_model)
-    if cache is not None and len(cache) > 4 * len(items) + 64:
-        cache.clear()  # bounded by what requests carry, not by history
+    if cache is not None and len(cache) > len(items) + len(items) // 4 + 64:
+        # Bounded by what requests carry, not by history: what this request no longer
+        # carries goes (clearing all at 4x made a session's memory swing by 2x).
+        keep = {(item.ref, item.kind, target_model) for item in items}
+        for key in [k for k in cache if k not in keep]:
+            del cache[key]
     out: list[dict[str, Any]] = []
     append = out.append
     last = len(items) - 1

@@ -6,12 +6,17 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from contextledger.core.compaction.finish import (
+    FinishCache,
     add_reasoning_block,
+    finish_request_view,
     needs_reasoning_block,
     strip_signed_thinking,
 )
+from contextledger.core.view import ViewItem
 
 
 @pytest.mark.parametrize(
@@ -78,3 +83,25 @@ def test_strip_signed_thinking_never_mutates() -> None:
     ]
     out[1]["content"][0]["text"] = "mutated"
     assert msgs == snapshot
+
+
+@given(
+    window=st.integers(min_value=1, max_value=60),
+    step=st.integers(min_value=1, max_value=5),
+    turns=st.integers(min_value=1, max_value=120),
+)
+def test_the_finish_cache_holds_what_requests_carry_not_history(
+    window: int, step: int, turns: int
+) -> None:
+    # A sliding view (what a long session's requests look like): every request is
+    # finished as without a cache, and the cache never holds much more than one request.
+    cache: FinishCache = {}
+    for t in range(turns):
+        items = [
+            ViewItem((s, 0), s * 8, {"role": "user", "content": f"m{s}"}, 3)
+            for s in range(t * step, t * step + window)
+        ]
+        assert finish_request_view(items, target_model="gpt-4o", cache=cache) == (
+            finish_request_view(items, target_model="gpt-4o")
+        )
+        assert len(cache) <= len(items) + len(items) // 4 + 64 + window
