@@ -21,9 +21,10 @@ only" counts changed facts whose old value is in the request and the new one is
 not. Rows: no config (truncate), priority, importance, summarize (offline
 summarizer, auto_compact, a request every 10 turns so rolling summaries are written),
 each with recall on (the default) and off; ``memory://`` (BM25) and embedded
-PostgreSQL 18 (full-text search). ``ms/request`` is the mean time of the question
-requests; ``cost`` is that time with recall over the time without. Prints figures;
-asserts nothing.
+PostgreSQL 18 (full-text search). ``ms/request`` is the median time of the question
+requests after the first (which on PostgreSQL also indexes the whole history for the
+search: nothing searched before it); ``cost`` is that time with recall over the time
+without. Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import asyncio
 import json
 import logging
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -326,7 +328,8 @@ class Row:
     asked: int
     changed: int
     fill: float
-    ms: float
+    ms: float  # median of the question requests after the first
+    first_ms: float  # the first question request (a search indexes what is new first)
 
 
 async def measure(
@@ -353,12 +356,12 @@ async def measure(
             await session.get_messages_for_request(token_budget=budget)
     found = stale = 0
     fill = 0.0
-    elapsed = 0.0
+    times: list[float] = []
     for fact in facts:
         await session.add_message({"role": "user", "content": fact.question})
         t0 = time.perf_counter()
         request = await session.get_messages_for_request(token_budget=budget)
-        elapsed += time.perf_counter() - t0
+        times.append(time.perf_counter() - t0)
         text = _text(request)
         fill += sum(session.counter.count_message(m) for m in request) / budget
         has_new = fact.value in text
@@ -377,7 +380,8 @@ async def measure(
         len(facts),
         changed,
         fill / len(facts),
-        elapsed * 1000 / len(facts),
+        statistics.median(times[1:] or times) * 1000,
+        times[0] * 1000,
     )
 
 
@@ -411,13 +415,13 @@ def _line(r: Row) -> str:
     return (
         f"| {r.store} | {r.config} | {r.budget_pct}% | {'on' if r.recall else 'off'} | "
         f"{100 * r.found / r.asked:.0f}% ({r.found}/{r.asked}) | {r.stale_only}/{r.changed} | "
-        f"{100 * r.fill:.0f}% | {r.ms:.1f} |"
+        f"{100 * r.fill:.0f}% | {r.ms:.1f} | {r.first_ms:.0f} |"
     )
 
 
 HEADER = (
     "| store | config | budget | recall | asked facts in request | stale only | fill | "
-    "ms/request |\n|---|---|---:|---|---:|---:|---:|---:|"
+    "ms/request | first request, ms |\n|---|---|---:|---|---:|---:|---:|---:|---:|"
 )
 
 
