@@ -363,6 +363,31 @@ async def test_a_short_session_skips_the_search_until_something_may_be_left_out(
     assert len(blocks) == 1 and FACT in blocks[0]
 
 
+async def test_a_session_purged_and_recreated_elsewhere_is_searched_again(
+    pg_ledger: Ledger, pg_dsn: str
+) -> None:
+    # This process remembers a closed gate at seq 6; another process purges the session
+    # and re-creates it under the same id, its fact at seq 2 where a checkpoint was. The
+    # new chain is not the one the closed search saw: the fact must be recalled.
+    session = await pg_ledger.session("again", config={"token_counter": "chars"})
+    await session.checkpoint("c")
+    for i in range(4):
+        await session.add_message({"role": "user", "content": f"hello {i}"})
+    await session.get_messages_for_request(token_budget=100_000)
+    async with Ledger.open(pg_dsn) as other:
+        await other.store.purge("again", "test")
+        twin = await other.session("again", config={"token_counter": "chars"})
+        await twin.add_message({"role": "user", "content": FACT})
+        for i in range(3):
+            filler = f"ok {i} " + "tidy the cache module " * 40
+            await twin.add_message({"role": "user", "content": filler})
+        await twin.add_message({"role": "user", "content": QUESTION})
+    mine = await pg_ledger.session("again")
+    await mine.refresh()
+    blocks = recall_blocks(await mine.get_messages_for_request(token_budget=840))
+    assert len(blocks) == 1 and FACT in blocks[0]
+
+
 async def test_concurrent_searches_agree_and_index_each_event_once(
     pg_ledger: Ledger, pg_dsn: str
 ) -> None:

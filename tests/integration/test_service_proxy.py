@@ -15,6 +15,7 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 
 from contextledger import Ledger
+from contextledger.http.proxy import position_key
 from contextledger.http.settings import Settings
 from contextledger.store.dsn import asyncpg_dsn
 from tests.fakellm import FakeLLM, ok, running_fake_llm, server_error, slow, tool_call
@@ -212,8 +213,13 @@ async def test_a_rewritten_history_is_recorded_as_such(
     assert stored == [*edited, {"role": "assistant", "content": "second answer"}]
     async with Ledger.open(pg_dsn) as ledger:
         session = await ledger.session("edited", create=False)
-        types = [e.type async for e in session.events()]
-    assert "messages.replaced" in types  # nothing lost: v1 and its answer stay in the ledger
+        events = [e async for e in session.events()]
+    assert "messages.replaced" in [e.type for e in events]  # v1 and its answer stay
+    # the reply is keyed where it sits and where the client's resend will carry it: at 1,
+    # the index after the rewritten history (not at the branch's length before the rewrite)
+    assert events[-1].idempotency_key == position_key(
+        1, {"role": "assistant", "content": "second answer"}
+    )
 
 
 async def test_an_edit_deep_in_a_longer_history_is_still_seen(
@@ -392,5 +398,9 @@ async def test_shutdown_gives_up_on_a_deferred_record_that_never_lands(
                 cancelled.set()
                 raise
 
+        async def behind() -> None:
+            await asyncio.Event().wait()
+
         tenants.defer("local", "stuck", write)
+        tenants.defer("local", "stuck", behind)  # queued behind it: both must be given up
     assert cancelled.is_set()  # shutdown finished: the write was given up, not awaited forever

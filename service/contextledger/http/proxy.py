@@ -279,7 +279,9 @@ async def chat_completions(request: Request) -> Response:
         outgoing = await session.get_messages_for_request(
             token_budget=settings.proxy_token_budget, provider=Provider(model)
         )
-    position = max(len(sent), stored) if not retry else -1
+    # The branch now holds exactly what was sent (appended to, or rewritten to it): the
+    # reply's place is right after, where the client's resend will carry it.
+    position = len(sent) if not retry else -1
     litellm = await _litellm()
     kwargs = _upstream(settings, model, _client_key(request))
     extra = {k: v for k, v in body.items() if k not in OWN_FIELDS}

@@ -44,6 +44,7 @@ class Tenants:
         self.on_session: list[Any] = []  # callbacks(session) when a session is first opened
         #: (tenant, session id) -> the last write deferred past a response (``defer``)
         self._deferred: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._pending: set[asyncio.Task[None]] = set()  # every deferred write not done
 
     @property
     def memory(self) -> bool:
@@ -157,8 +158,10 @@ class Tenants:
             _after(self._deferred.get(key), write, tenant, session_id)
         )
         self._deferred[key] = task
+        self._pending.add(task)
 
         def done(finished: asyncio.Task[None]) -> None:
+            self._pending.discard(finished)
             if self._deferred.get(key) is finished:
                 del self._deferred[key]
 
@@ -194,8 +197,8 @@ class Tenants:
         try:
             async with asyncio.timeout(DRAIN_S):
                 await self.settled()
-        except TimeoutError:
-            late = list(self._deferred.values())
+        except TimeoutError:  # every pending write, not only each session's last
+            late = list(self._pending)
             log.warning("deferred_writes_abandoned", pending=len(late))
             for task in late:
                 task.cancel()

@@ -461,8 +461,9 @@ class PostgresStore(Store):
         )
         self._hot_max = hot_connections
         self._vectors: bool | None = None  # pgvector present? (asked once)
-        # session -> (seq, gaps) of its last live search whose gate was closed
-        self._closed: dict[str, tuple[int, frozenset[int]]] = {}
+        # session -> (seq, gaps) of its last live search whose gate was closed, and the
+        # chain's tip (seq, hash) as this store has extended it since (``_advance``)
+        self._closed: dict[str, tuple[int, frozenset[int], tuple[int, str]]] = {}
 
     @classmethod
     @translated
@@ -642,6 +643,8 @@ class PostgresStore(Store):
         if row is None:
             raise SessionNotFound.for_session(session_id)
         info = _info(row)
+        if self._heads.get(session_id) != (info.head, info.last_hash):
+            self._closed.pop(session_id, None)  # another writer moved the chain
         self._heads[session_id] = (info.head, info.last_hash)
         return info
 
@@ -774,6 +777,7 @@ class PostgresStore(Store):
                 view_tokens = None
             if view_tokens is not None:
                 self._heads[session_id] = (event.seq, event.hash)
+                self._advance(session_id, (head, last_hash), (event.seq, event.hash))
                 return AppendResult((event.seq,), False, view_tokens, event.hash)
             # The head moved under us (another process) or the session is gone.
             head, last_hash = await self._head(session_id, fresh=True)
@@ -849,6 +853,7 @@ class PostgresStore(Store):
                 raise
             if view_tokens is not None:
                 self._heads[session_id] = (events[-1].seq, events[-1].hash)
+                self._advance(session_id, (head, last_hash), (events[-1].seq, events[-1].hash))
                 return AppendResult(tuple(e.seq for e in events), False, view_tokens, prev)
             head, last_hash = await self._head(session_id, fresh=True)
         raise ConcurrencyError(f"gave up appending to {session_id!r} after {_RETRIES} tries")
@@ -979,6 +984,7 @@ class PostgresStore(Store):
                 branch_base,
             )
         self._heads[session_id] = (last.seq, last.hash)
+        self._closed.pop(session_id, None)  # not a message: the gate is probed again
         return AppendResult(
             tuple(e.seq for e in step.events), False, step.state.view_tokens, last.hash
         )
@@ -1170,6 +1176,16 @@ class PostgresStore(Store):
                 return
             cursor = rows[-1][0] + 1
 
+    def _advance(self, session_id: str, base: tuple[int, str], tip: tuple[int, str]) -> None:
+        """An append through this store linked ``tip`` onto ``base`` (the statement checks the
+        link): a remembered closed gate follows the chain only while it is extended here."""
+        closed = self._closed.get(session_id)
+        if closed is not None:
+            if closed[2] == base:
+                self._closed[session_id] = (closed[0], closed[1], tip)
+            else:
+                del self._closed[session_id]
+
     @translated
     async def search(
         self,
@@ -1187,12 +1203,15 @@ class PostgresStore(Store):
         if (
             closed is not None
             and gaps is not None
-            and closed[0] <= upto_seq < closed[0] + RECHECK_AFTER
+            and closed[2][0] == upto_seq < closed[0] + RECHECK_AFTER
+            and closed[2] == self._heads.get(session_id)
             and closed[1].issuperset(gaps)
         ):
             # Every seq left out now was left out then, when none was a branch message;
             # every seq since is carried, so no event changed the branch: nothing is left
             # out (a replay of this request runs the search, and finds nothing either).
+            # The seqs since were appended through this store onto the chain that search
+            # saw (a purged and re-created session is another chain: never skipped).
             return []
         args: list[Any] = [session_id, query, upto_seq, sorted(exclude)]
         args += [sorted(branch) if branch is not None else None, text_config, limit]
@@ -1227,10 +1246,12 @@ class PostgresStore(Store):
             ) from None
         if branch is None:
             self._closed.pop(session_id, None)
-            if gaps is not None and any(r[0] == CLOSED for r in rows):
+            tip = self._heads.get(session_id)
+            closed_now = any(r[0] == CLOSED for r in rows)
+            if gaps is not None and closed_now and tip is not None and tip[0] == upto_seq:
                 if len(self._closed) >= MAX_REMEMBERED:
                     del self._closed[next(iter(self._closed))]
-                self._closed[session_id] = (upto_seq, frozenset(gaps))
+                self._closed[session_id] = (upto_seq, frozenset(gaps), tip)
         return [(r[0], float(r[1])) for r in rows if r[0] != CLOSED]
 
     @translated

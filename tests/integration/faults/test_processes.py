@@ -54,6 +54,7 @@ WRITER = textwrap.dedent(
                         untyped.append(type(exc).__name__)
                         await asyncio.sleep(0.02)
                 print("wrote", i, flush=True)
+                await asyncio.sleep(0.005)  # still mid-run when the server goes down
         print(json.dumps({"typed": typed, "untyped": untyped}), flush=True)
 
     asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "batch"))
@@ -106,7 +107,9 @@ async def _contents(ledger: Ledger, sid: str) -> list[str]:
 
 
 async def test_writers_in_other_processes_ride_out_a_restart(server: Any, scratch: str) -> None:
-    writers = [await _spawn(scratch, f"p{n}", 80) for n in range(3)]
+    # 400 paced appends each (~3 s): the server goes down after the 10th whatever the
+    # machine's speed (with 80 unpaced ones a writer could finish before the stop)
+    writers = [await _spawn(scratch, f"p{n}", 400) for n in range(3)]
     for proc in writers:
         await _line(proc, "wrote 10")  # every writer is mid-run
     await asyncio.to_thread(server.stop)
@@ -127,7 +130,7 @@ async def test_writers_in_other_processes_ride_out_a_restart(server: Any, scratc
     async with Ledger.open(scratch) as ledger:
         for n in range(3):
             sid = f"p{n}"
-            assert await _contents(ledger, sid) == [f"{sid}-{i}" for i in range(80)]
+            assert await _contents(ledger, sid) == [f"{sid}-{i}" for i in range(400)]
             assert (await ledger.verify(sid)).ok
 
 
