@@ -47,13 +47,15 @@ WORDS = (
 MODEL = "gpt-4o"
 STRATEGY_BUDGET = 24_000
 
+_ANALYZE_AT = frozenset(int(25 * 1.1**k) for k in range(120))
+
 
 def analyze_due(n: int) -> bool:
     """Statistics are refreshed outside the timed part, on both sides, when a turn count
     is 10% past the last refresh (autovacuum's default rule; left to autovacuum's timing,
     the floor's own "last 50" query ran as a scan and sort of the whole table for long
     stretches: 2.9 ms at 1,000 turns instead of 0.3, so the floor grew 9x over a run)."""
-    return n >= 25 and any(n == int(25 * 1.1**k) for k in range(120))
+    return n in _ANALYZE_AT
 
 
 CONFIGS: dict[str, tuple[dict[str, Any] | None, int | None]] = {

@@ -4,6 +4,7 @@ Everything public is re-exported here (``tests/unit/test_public_api.py`` pins th
 list); the modules behind it are internal and may move.
 """
 
+import contextledger._litellm  # noqa: F401  (fills core's catalogue: model map, tokenizer files)
 from contextledger.compactor import PRE_COMPACT_LABEL, ManageResult
 from contextledger.core.budget import Budget, Pressure, PressureThresholds, Usage
 from contextledger.core.chain import Anchor, VerifyReport

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from contextledger.core._litellm import import_litellm
+from contextledger._litellm import import_litellm
 from contextledger.core.shapes import (
     HINT,
     PROVIDERS,

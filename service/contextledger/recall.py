@@ -162,7 +162,7 @@ async def embed(
     texts: Sequence[str], config: RecallConfig, api_key: str | None
 ) -> list[list[float]]:
     """Embeddings through litellm (any provider, local servers included)."""
-    from contextledger.core._litellm import import_litellm
+    from contextledger._litellm import import_litellm
 
     litellm = await asyncio.to_thread(import_litellm)  # ~2 s the first time: off the loop
     kwargs: dict[str, Any] = {"model": config.embedding_model, "input": list(texts), "timeout": 30}

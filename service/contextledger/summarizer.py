@@ -206,7 +206,7 @@ _tamed = False
 def _litellm() -> Any:
     """litellm via the shared offline-configured import, its loggers tamed once."""
     global _tamed
-    from contextledger.core._litellm import import_litellm
+    from contextledger._litellm import import_litellm
 
     module = import_litellm()
     if not _tamed:

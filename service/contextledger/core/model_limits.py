@@ -3,7 +3,7 @@
 The source of truth is litellm's *bundled* model map (``max_input_tokens`` is the
 context window; ``max_output_tokens`` the output limit: litellm's ``get_max_tokens``
 returns the output limit, so it is never used for the window). litellm is imported
-lazily, offline-configured, through :func:`contextledger.core._litellm.import_litellm`.
+lazily, offline-configured, by the shell (:mod:`contextledger.core.catalogue`).
 
 Resolution order for ``model_limits(model, overrides)``:
 
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from contextledger.core import catalogue
 from contextledger.errors import ConfigError
 
 __all__ = [
@@ -166,9 +167,7 @@ def _litellm_lookup(name: str) -> ModelLimits | None:
     Any litellm failure (``ModelNotMappedError``, provider inference errors) is a
     miss, never an exception for the caller.
     """
-    from contextledger.core._litellm import import_litellm
-
-    litellm = import_litellm()
+    litellm = catalogue.litellm()
     cost_map: Mapping[str, Mapping[str, Any]] = litellm.model_cost
     entry: Mapping[str, Any] | None = None
     key = name

@@ -22,24 +22,22 @@ Message accounting (every counter, same rules; follows the OpenAI cookbook's
   text, and are not counted.
 
 Never a network call: tiktoken encodings are built from the BPE files litellm ships
-(hash-checked), and litellm itself is imported only by :class:`LitellmCounter`.
+(hash-checked), and litellm itself is used only by :class:`LitellmCounter`; both come
+through :mod:`contextledger.core.catalogue`, which the shell fills (core reads no file).
 Importing this module imports neither tiktoken nor litellm.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import json
 import math
 import re
 import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from contextledger.core import catalogue
 from contextledger.core.images import Provider, image_tokens, provider_for_model
 from contextledger.core.model_limits import bare_model_name
 from contextledger.core.providers import model_family
@@ -211,47 +209,13 @@ _encodings: dict[str, tiktoken.Encoding] = {}
 _encodings_lock = threading.Lock()
 
 
-def _tokenizer_dir() -> Path:
-    """litellm's bundled tokenizer directory, found without importing litellm (~2 s)."""
-    spec = importlib.util.find_spec("litellm")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(
-            "litellm is not installed; it ships the tokenizer files", key="token_counter"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "litellm_core_utils" / "tokenizers"
-
-
-def _load_bpe_offline(url: str, expected_hash: str | None = None) -> dict[bytes, int]:
-    """``tiktoken.load.load_tiktoken_bpe`` for litellm's local copy of ``url``.
-
-    The file is named ``sha1(url)`` (tiktoken's own cache key). Parsed here rather
-    than by ``load_tiktoken_bpe(path)`` because that copies even a local file into
-    ``TIKTOKEN_CACHE_DIR`` (litellm points it at site-packages) and raises when that
-    directory is read-only. The sha256 tiktoken expects is still verified.
-    """
-    import base64
-
-    path = _tokenizer_dir() / hashlib.sha1(url.encode()).hexdigest()
-    if not path.is_file():
-        raise ConfigError(f"no bundled tiktoken file for {url} at {path}", key="token_counter")
-    data = path.read_bytes()
-    if expected_hash and hashlib.sha256(data).hexdigest() != expected_hash:
-        raise ConfigError(f"tiktoken file {path} does not match its hash", key="token_counter")
-    ranks: dict[bytes, int] = {}
-    for line in data.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return ranks
-
-
 def get_encoding(name: str) -> tiktoken.Encoding:
     """A tiktoken encoding built offline; cached per name, built once (thread-safe).
 
     Uses the constructor from ``tiktoken_ext.openai_public`` (so ``pat_str`` and the
-    special tokens are tiktoken's own) with its loader swapped for
-    :func:`_load_bpe_offline` in a private copy of its globals: nothing global is
-    patched and ``TIKTOKEN_CACHE_DIR`` is neither read nor set.
+    special tokens are tiktoken's own) with its loader swapped for :func:`catalogue.bpe`
+    (litellm's bundled files, read by the shell) in a private copy of its globals:
+    nothing global is patched and ``TIKTOKEN_CACHE_DIR`` is neither read nor set.
     """
     encoding = _encodings.get(name)
     if encoding is not None:
@@ -270,7 +234,7 @@ def get_encoding(name: str) -> tiktoken.Encoding:
             constructor = getattr(openai_public, name)
             offline = types.FunctionType(
                 constructor.__code__,
-                {**vars(openai_public), "load_tiktoken_bpe": _load_bpe_offline},
+                {**vars(openai_public), "load_tiktoken_bpe": catalogue.bpe},
                 constructor.__name__,
             )
             encoding = tiktoken.Encoding(**offline())
@@ -337,8 +301,8 @@ class LitellmCounter(_MessageCounter):
         if self._anthropic:
             self.name = "litellm:anthropic"
         else:
-            self._prepare()
-            token_counter = importlib.import_module("litellm.litellm_core_utils.token_counter")
+            litellm = self._prepare()
+            token_counter = litellm.litellm_core_utils.token_counter
             encoding: str = token_counter.openai_tokenizer_encoding_name(self._litellm_model)
             self.name = f"litellm:{encoding}"
 
@@ -348,11 +312,9 @@ class LitellmCounter(_MessageCounter):
             return self._litellm
         with self._lock:
             if self._litellm is None:
-                from contextledger.core._litellm import import_litellm
-
-                litellm = import_litellm()
+                litellm = catalogue.litellm()
                 if self._anthropic:
-                    utils = importlib.import_module("litellm.utils")
+                    utils = litellm.utils
                     self._custom = dict(utils.create_tokenizer(utils.claude_json_str))
                 self._litellm = litellm
         return self._litellm

@@ -195,7 +195,7 @@ async def _litellm() -> Any:
     the process is its own."""
     global _module
     if _module is None:
-        from contextledger.core._litellm import import_litellm
+        from contextledger._litellm import import_litellm
 
         litellm = await asyncio.to_thread(import_litellm)
         if own_process:

@@ -1,4 +1,4 @@
-"""The one place contextledger imports litellm.
+"""The one place contextledger imports litellm (and reads the tokenizer files it ships).
 
 Importing litellm costs ~2 s and, left to its defaults, fetches the model cost
 map over the network and may download Hugging Face tokenizers. Every caller goes
@@ -9,9 +9,15 @@ import, and litellm is only imported by code that actually needs it.
 from __future__ import annotations
 
 import gc
+import hashlib
+import importlib.util
 import os
 import threading
+from pathlib import Path
 from types import ModuleType
+
+from contextledger.core import catalogue
+from contextledger.errors import ConfigError
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -62,3 +68,41 @@ def _quiet_loggers() -> None:
         for handler in list(lg.handlers):
             lg.removeHandler(handler)
         lg.propagate = True
+
+
+def tokenizer_dir() -> Path:
+    """litellm's bundled tokenizer directory, found without importing litellm (~2 s)."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "litellm is not installed; it ships the tokenizer files", key="token_counter"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "litellm_core_utils" / "tokenizers"
+
+
+def load_bpe_offline(url: str, expected_hash: str | None = None) -> dict[bytes, int]:
+    """``tiktoken.load.load_tiktoken_bpe`` for litellm's local copy of ``url``.
+
+    The file is named ``sha1(url)`` (tiktoken's own cache key). Parsed here rather
+    than by ``load_tiktoken_bpe(path)`` because that copies even a local file into
+    ``TIKTOKEN_CACHE_DIR`` (litellm points it at site-packages) and raises when that
+    directory is read-only. The sha256 tiktoken expects is still verified.
+    """
+    import base64
+
+    path = tokenizer_dir() / hashlib.sha1(url.encode()).hexdigest()
+    if not path.is_file():
+        raise ConfigError(f"no bundled tiktoken file for {url} at {path}", key="token_counter")
+    data = path.read_bytes()
+    if expected_hash and hashlib.sha256(data).hexdigest() != expected_hash:
+        raise ConfigError(f"tiktoken file {path} does not match its hash", key="token_counter")
+    ranks: dict[bytes, int] = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+# Core's catalogue (core never imports litellm or reads a file): installed at import.
+catalogue.install(import_litellm, load_bpe_offline)

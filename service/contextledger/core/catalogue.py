@@ -1,0 +1,41 @@
+"""What core needs from outside itself: litellm's model map and tokenizers, and the
+tokenizer files litellm ships.
+
+Core is pure (no I/O, nothing from the shell): it never imports litellm or reads a file
+itself. The shell installs both here when the package is imported
+(``contextledger._litellm``), so model windows and tokenizers still come from litellm,
+offline-configured, while core only calls what it was handed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+
+from contextledger.errors import ConfigError
+
+#: Returns litellm, imported offline-configured (~2 s the first time).
+LitellmLoader = Callable[[], ModuleType]
+#: ``(url, expected sha256)`` -> the BPE ranks of a tiktoken encoding, from a local copy.
+BpeLoader = Callable[[str, "str | None"], dict[bytes, int]]
+
+_litellm: LitellmLoader | None = None
+_bpe: BpeLoader | None = None
+
+
+def install(litellm: LitellmLoader, bpe: BpeLoader) -> None:
+    """Hand core its catalogue (the shell does this at import)."""
+    global _litellm, _bpe
+    _litellm, _bpe = litellm, bpe
+
+
+def litellm() -> ModuleType:
+    if _litellm is None:
+        raise ConfigError("no litellm catalogue installed (import contextledger first)")
+    return _litellm()
+
+
+def bpe(url: str, expected_hash: str | None = None) -> dict[bytes, int]:
+    if _bpe is None:
+        raise ConfigError("no tokenizer files installed (import contextledger first)")
+    return _bpe(url, expected_hash)
