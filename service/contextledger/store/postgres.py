@@ -18,7 +18,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 import structlog
@@ -204,6 +204,16 @@ CLOSED = -1
 RECHECK_AFTER = 64
 #: Sessions whose closed gate a store remembers (the oldest is forgotten first).
 MAX_REMEMBERED = 4096
+
+
+class _ClosedGate(NamedTuple):
+    """A live search whose gate found nothing left out, remembered by the store."""
+
+    seq: int  # the request's seq then
+    gaps: frozenset[int]  # the seqs it left out (none a branch message)
+    tip: tuple[int, str]  # (seq, hash) of the chain as this store has extended it since
+
+
 #: Vectors are not written by appends (0006: the parser would run in every append): the
 #: search indexes the session's message events above its highest indexed seq itself, in
 #: the same statement. Events of a session are committed in seq order, so the indexed
@@ -461,9 +471,7 @@ class PostgresStore(Store):
         )
         self._hot_max = hot_connections
         self._vectors: bool | None = None  # pgvector present? (asked once)
-        # session -> (seq, gaps) of its last live search whose gate was closed, and the
-        # chain's tip (seq, hash) as this store has extended it since (``_advance``)
-        self._closed: dict[str, tuple[int, frozenset[int], tuple[int, str]]] = {}
+        self._closed: dict[str, _ClosedGate] = {}  # each session's last closed gate
 
     @classmethod
     @translated
@@ -1181,8 +1189,8 @@ class PostgresStore(Store):
         link): a remembered closed gate follows the chain only while it is extended here."""
         closed = self._closed.get(session_id)
         if closed is not None:
-            if closed[2] == base:
-                self._closed[session_id] = (closed[0], closed[1], tip)
+            if closed.tip == base:
+                self._closed[session_id] = closed._replace(tip=tip)
             else:
                 del self._closed[session_id]
 
@@ -1203,9 +1211,9 @@ class PostgresStore(Store):
         if (
             closed is not None
             and gaps is not None
-            and closed[2][0] == upto_seq < closed[0] + RECHECK_AFTER
-            and closed[2] == self._heads.get(session_id)
-            and closed[1].issuperset(gaps)
+            and closed.tip[0] == upto_seq < closed.seq + RECHECK_AFTER
+            and closed.tip == self._heads.get(session_id)
+            and closed.gaps.issuperset(gaps)
         ):
             # Every seq left out now was left out then, when none was a branch message;
             # every seq since is carried, so no event changed the branch: nothing is left
@@ -1251,7 +1259,7 @@ class PostgresStore(Store):
             if gaps is not None and closed_now and tip is not None and tip[0] == upto_seq:
                 if len(self._closed) >= MAX_REMEMBERED:
                     del self._closed[next(iter(self._closed))]
-                self._closed[session_id] = (upto_seq, frozenset(gaps), tip)
+                self._closed[session_id] = _ClosedGate(upto_seq, frozenset(gaps), tip)
         return [(r[0], float(r[1])) for r in rows if r[0] != CLOSED]
 
     @translated
