@@ -1,6 +1,7 @@
 """Service benchmark: appends over HTTP vs the library vs raw asyncpg, and proxy overhead.
 
     .venv/bin/python bench/service.py [--dsn DSN] [--appends N] [--proxy-calls N]
+                                      [--only appends|proxy]
 
 Without ``--dsn`` it runs on a fresh embedded PostgreSQL in a temporary directory.
 The service runs as its own process (``contextledger serve``, as deployed); the
@@ -303,14 +304,16 @@ async def bench_proxy(http: Http, upstream: str, calls: int) -> dict[str, float]
     }
 
 
-def report(rows: list[dict[str, Any]], proxy: dict[str, float], total: int) -> str:
-    out = [
-        f"### Appends ({total} per row; one session per client)",
-        "",
-        "| clients | service | library | raw asyncpg | service / library | service p50 / p99 |"
-        " library p50 / p99 |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+def report(rows: list[dict[str, Any]], proxy: dict[str, float] | None, total: int) -> str:
+    out = []
+    if rows:
+        out += [
+            f"### Appends ({total} per row; one session per client)",
+            "",
+            "| clients | service | library | raw asyncpg | service / library | service p50 / p99 |"
+            " library p50 / p99 |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+        ]
     for row in rows:
         svc_rate, svc_lat = row["service"]
         lib_rate, lib_lat = row["library"]
@@ -320,6 +323,8 @@ def report(rows: list[dict[str, Any]], proxy: dict[str, float], total: int) -> s
             f" | **{svc_rate / lib_rate:.2f}x** | {pct(svc_lat, 0.5):.2f} / "
             f"{pct(svc_lat, 0.99):.2f} ms | {pct(lib_lat, 0.5):.2f} / {pct(lib_lat, 0.99):.2f} ms |"
         )
+    if proxy is None:
+        return "\n".join(out)
     out += [
         "",
         "### Proxy overhead (model time excluded: same upstream answering at once)",
@@ -342,9 +347,12 @@ async def main_async(args: argparse.Namespace, dsn: str) -> None:
             await wait_ready(url, proc)
             progress("service ready")
             async with Http(args.client, url) as http:
-                rows = await bench_appends(dsn, http, args.appends)
-                progress("proxy overhead")
-                proxy = await bench_proxy(http, fake.base_url, args.proxy_calls)
+                rows, proxy = [], None
+                if args.only != "proxy":
+                    rows = await bench_appends(dsn, http, args.appends)
+                if args.only != "appends":
+                    progress("proxy overhead")
+                    proxy = await bench_proxy(http, fake.base_url, args.proxy_calls)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -358,6 +366,7 @@ def main() -> None:
     parser.add_argument("--appends", type=int, default=2048, help="appends per row")
     parser.add_argument("--proxy-calls", type=int, default=200)
     parser.add_argument("--client", choices=["wire", "aiohttp", "httpx"], default="wire")
+    parser.add_argument("--only", choices=["appends", "proxy"], help="run one part only")
     args = parser.parse_args()
     install_sigterm_handler()
     if args.dsn:

@@ -64,6 +64,10 @@ class Reply:
     headers: Mapping[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     content_type: str = "application/json"
+    #: A streaming request gets these chunks instead of ``stream_chunks(body)``.
+    chunks: Sequence[Mapping[str, Any]] | None = None
+    #: A streaming request gets this many chunks, then the connection drops mid-body.
+    cut_after: int | None = None
 
 
 Responder = Reply | Callable[[RecordedRequest], Reply]
@@ -146,6 +150,21 @@ def stream_chunks(body: Mapping[str, Any], *, include_usage: bool) -> list[dict[
     if include_usage:
         chunks.append(base | {"choices": [], "usage": body.get("usage")})
     return chunks
+
+
+def streamed(chunks: Sequence[Mapping[str, Any]]) -> Reply:
+    """A streaming request's answer as these ``chat.completion.chunk`` objects."""
+    return Reply(body={}, chunks=chunks)
+
+
+def cut_stream(text: str, *, after: int = 2) -> Responder:
+    """A stream of ``text`` whose connection drops after ``after`` chunks, mid-body (the
+    chunked framing is left unfinished, so the client sees a broken stream)."""
+
+    def build(req: RecordedRequest) -> Reply:
+        return Reply(body=completion_body(req.model, text), cut_after=after)
+
+    return build
 
 
 def slow(seconds: float, text: str = "## Task overview\n- slow but fine") -> Responder:
@@ -413,11 +432,17 @@ class FakeLLM:
                     return  # server stopping: drop the connection
                 if body.get("stream") and reply.status == 200 and isinstance(reply.body, dict):
                     usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                    self._stream(stream_chunks(reply.body, include_usage=usage))
+                    chunks = reply.chunks
+                    if chunks is None:
+                        chunks = stream_chunks(reply.body, include_usage=usage)
+                    if reply.cut_after is not None:
+                        self._cut_stream(list(chunks)[: reply.cut_after])
+                    else:
+                        self._stream(list(chunks))
                     return
                 self._send(reply)
 
-            def _stream(self, chunks: list[dict[str, Any]]) -> None:
+            def _stream(self, chunks: list[Mapping[str, Any]]) -> None:
                 """Server-sent events, one chunk per event, then ``[DONE]``."""
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.send_response(200)
@@ -429,6 +454,19 @@ class FakeLLM:
                         self.wfile.flush()
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()
+                self.close_connection = True
+
+            def _cut_stream(self, chunks: list[Mapping[str, Any]]) -> None:
+                """Chunked events, then the connection closed without the last chunk."""
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for c in chunks:
+                        event = f"data: {json.dumps(c)}\n\n".encode()
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                        self.wfile.flush()
                 self.close_connection = True
 
             def _send(self, reply: Reply) -> None:

@@ -17,6 +17,7 @@ from contextledger.http.lane import Lane
 from contextledger.http.metrics import Metrics
 from contextledger.http.settings import Settings
 from contextledger.http.tenancy import Tenants
+from contextledger.http.upstream import Relay
 
 access_log = structlog.get_logger("contextledger.access")
 VERSION = "0.1.0"
@@ -79,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     tenants = Tenants(settings)
     metrics = Metrics(tenants.pool_stats)
     tenants.on_session.append(metrics.watch)
+    relay = Relay(settings)  # the proxy's client for an OpenAI-compatible upstream
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -88,6 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             app.state.stopping.set()
             await tenants.close()  # in-flight appends finish: each ledger waits for its own
+            await relay.close()
 
     app = FastAPI(
         title="contextledger",
@@ -98,6 +101,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.tenants = tenants
     app.state.metrics = metrics
+    app.state.relay = relay
     app.state.stopping = asyncio.Event()
     problems.install(app)
     app.include_router(rest.router)

@@ -5,8 +5,10 @@ Clients resend the whole history each call. The proxy finds the common prefix
 with the session's branch and appends only what is new (each new message under
 an idempotency key derived from its position and content, so a retried request
 appends nothing twice), replaces the messages with the session's budgeted
-request view, forwards through litellm to the configured upstream, streams the
-reply back as it arrives and records it in the ledger.
+request view, forwards it to the configured upstream, streams the reply back as it
+arrives and records it in the ledger. An OpenAI-compatible upstream gets the request
+relayed as is (http/upstream.py); litellm carries every other provider, and the
+fallbacks.
 
 The reply is recorded once the response is on its way (``Tenants.defer``), off the
 client's wait: the next request for the session through this process waits for that
@@ -32,6 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from contextledger import Session
 from contextledger.errors import SessionNotFound
+from contextledger.http import upstream
 from contextledger.http.auth import tenant_for
 from contextledger.http.problems import Problem
 from contextledger.http.rest import Provider
@@ -157,24 +160,20 @@ async def _session(tenants: Tenants, tenant: str, session_id: str, model: str) -
         return await tenants.session(tenant, session_id, create=True, model=model)
 
 
-def _upstream(settings: Settings, model: str, client_key: str | None) -> dict[str, Any]:
-    target = settings.model_map.get(model)
-    if target is None:
-        plain = settings.upstream_api_base and "/" not in model
-        target = f"{settings.upstream_provider}/{model}" if plain else model
-    key = client_key if settings.pass_client_key and client_key else settings.upstream_api_key
+def _litellm_kwargs(settings: Settings, models: Sequence[str], key: str) -> dict[str, Any]:
+    """litellm's arguments for ``models[0]``, the rest as its fallbacks."""
     common: dict[str, Any] = {}
     if settings.upstream_api_base:
         common["api_base"] = settings.upstream_api_base
-    common["api_key"] = key or "none"
+    common["api_key"] = key
     kwargs: dict[str, Any] = {
-        "model": target,
+        "model": models[0],
         "timeout": settings.upstream_timeout,
         "num_retries": settings.upstream_retries,
         **common,
     }
-    if settings.fallbacks:
-        kwargs["fallbacks"] = [{"model": f, **common} for f in settings.fallbacks]
+    if len(models) > 1:
+        kwargs["fallbacks"] = [{"model": f, **common} for f in models[1:]]
     return kwargs
 
 
@@ -282,13 +281,10 @@ async def chat_completions(request: Request) -> Response:
     # The branch now holds exactly what was sent (appended to, or rewritten to it): the
     # reply's place is right after, where the client's resend will carry it.
     position = len(sent) if not retry else -1
-    litellm = await _litellm()
-    kwargs = _upstream(settings, model, _client_key(request))
+    target_model = upstream.target_model(settings, model)
+    key = upstream.upstream_key(settings, _client_key(request))
     extra = {k: v for k, v in body.items() if k not in OWN_FIELDS}
-    if extra.get("tools"):
-        # litellm 1.106.2 routes any request with tools through its MCP bridge, which
-        # imports the optional `mcp` package; plain function tools need none of it.
-        extra["_skip_mcp_handler"] = True
+    stream = bool(body.get("stream"))
     log.debug(
         "proxy_forward",
         session_id=session_id,
@@ -297,7 +293,23 @@ async def chat_completions(request: Request) -> Response:
         overhead_ms=round((time.perf_counter() - started) * 1000, 2),
     )
     record = _Recorder(tenants, tenant, session_id, session, position, metrics)
-    if body.get("stream"):
+    models = [target_model, *settings.fallbacks]
+    target = upstream.relay_target(settings, target_model, key)
+    if target is not None:
+        try:
+            return await _relayed(request.app.state.relay, target, extra, outgoing, stream, record)
+        except upstream.UpstreamError as exc:
+            if not settings.fallbacks:
+                raise _upstream_problem(exc) from exc
+            log.info("proxy_fallback", model=target_model, status=exc.status_code)
+            models = models[1:]  # litellm from the first fallback on, as it would go
+    litellm = await _litellm()
+    kwargs = _litellm_kwargs(settings, models, key)
+    if extra.get("tools"):
+        # litellm 1.106.2 routes any request with tools through its MCP bridge, which
+        # imports the optional `mcp` package; plain function tools need none of it.
+        extra["_skip_mcp_handler"] = True
+    if stream:
         return await _stream(litellm, kwargs, extra, outgoing, record)
     try:
         response = await litellm.acompletion(messages=outgoing, **kwargs, **extra)
@@ -309,6 +321,72 @@ async def chat_completions(request: Request) -> Response:
         record(essence(choices[0].get("message") or {}))
     _count_usage(metrics, data.get("usage"))
     return JSONResponse(data)
+
+
+async def _relayed(
+    relay: upstream.Relay,
+    target: upstream.Target,
+    extra: dict[str, Any],
+    outgoing: list[dict[str, Any]],
+    stream: bool,
+    record: _Recorder,
+) -> Response:
+    """The request relayed to an OpenAI-compatible upstream (``upstream.Relay``): the
+    client's own fields, the budgeted view as ``messages``, the upstream's model name.
+    Raises ``UpstreamError`` when no answer came (after the retries)."""
+    payload = {"model": target.model, "messages": outgoing, **extra}
+    if stream:
+        payload["stream"] = True
+        payload["stream_options"] = {"include_usage": True}  # counted, as litellm asks
+        response = await relay.open_stream(target, json.dumps(payload).encode())
+        return StreamingResponse(_relay_stream(response, record), media_type="text/event-stream")
+    raw = await relay.complete(target, json.dumps(payload).encode())
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise upstream.UpstreamError(502, "the upstream's answer is not JSON") from None
+    if not isinstance(data, dict):
+        raise upstream.UpstreamError(502, "the upstream's answer is not a JSON object")
+    choices = data.get("choices")
+    if choices and isinstance(choices, list) and isinstance(choices[0], Mapping):
+        record(essence(choices[0].get("message") or {}))
+    _count_usage(record.metrics, data.get("usage"))
+    return Response(raw, media_type="application/json")  # the upstream's JSON as it came
+
+
+async def _relay_stream(response: Any, record: _Recorder) -> AsyncIterator[bytes]:
+    """The upstream's events passed on as they arrive, the reply assembled from them
+    and recorded once the stream is through; a stream cut short ends in an
+    OpenAI-style error event, and records nothing."""
+    built = upstream.Assembler()
+    done = False
+    try:
+        async for event, data in upstream.events(response):
+            if data == b"[DONE]":
+                done = True
+            elif data is not None:
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    chunk = None
+                if isinstance(chunk, dict):
+                    if "error" in chunk:  # the upstream's own error event: passed on
+                        yield event
+                        return
+                    built.add(chunk)
+            yield event
+    except Exception as exc:  # the upstream failed mid-stream: tell the client, OpenAI-style
+        problem = _upstream_problem(upstream.stream_failure(exc))
+        yield f"data: {json.dumps({'error': problem.extra['error']})}\n\n".encode()
+        return
+    finally:
+        response.release()  # its connection is reused when read through, else closed
+    if not done:
+        yield b"data: [DONE]\n\n"
+    message = built.message()
+    if message is not None:
+        record(essence(message))
+    _count_usage(record.metrics, built.usage)
 
 
 @dataclass(slots=True)

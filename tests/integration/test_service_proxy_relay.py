@@ -1,0 +1,338 @@
+"""The proxy's relay to an OpenAI-compatible upstream (http/upstream.py) against
+litellm's path (``upstream_relay=False``): the same answers, records, errors.
+
+Driven by the real ``openai`` SDK over HTTP, upstream = tests/fakellm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from contextledger import Ledger
+from contextledger.http.settings import Settings
+from contextledger.http.upstream import USER_AGENT
+from tests.fakellm import (
+    FakeLLM,
+    Reply,
+    completion_body,
+    context_exceeded,
+    cut_stream,
+    html_page,
+    ok,
+    openai_error,
+    rate_limited,
+    running_fake_llm,
+    server_error,
+    slow,
+    streamed,
+)
+from tests.integration.service_support import Running, running_service
+
+PATHS = pytest.mark.parametrize("relay", [True, False], ids=["relay", "litellm"])
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLLM]:
+    with running_fake_llm() as server:
+        yield server
+
+
+@asynccontextmanager
+async def service(dsn: str, fake: FakeLLM, relay: bool, **overrides: Any) -> AsyncIterator[Running]:
+    settings = Settings(
+        dsn=dsn,
+        migrate=False,
+        upstream_api_base=fake.base_url,
+        upstream_api_key="upstream-secret",
+        upstream_relay=relay,
+        **overrides,
+    )
+    async with running_service(settings) as running:
+        yield running
+
+
+def client(svc: Running, session: str) -> AsyncOpenAI:
+    return AsyncOpenAI(
+        base_url=f"{svc.url}/v1",
+        api_key="unused-in-local-mode",
+        default_headers={"X-Session-Id": session},
+        max_retries=0,
+    )
+
+
+async def branch(svc: Running, dsn: str, session_id: str) -> list[dict[str, Any]]:
+    await svc.app.state.tenants.settled()
+    async with Ledger.open(dsn) as ledger:
+        return await (await ledger.session(session_id, create=False)).get_messages()
+
+
+def relayed(fake: FakeLLM) -> list[bool]:
+    """Per upstream request so far: did the relay send it (else litellm)?"""
+    return [r.headers.get("user-agent") == USER_AGENT for r in fake.calls()]
+
+
+def prompt_tokens(metrics: str) -> float:
+    for line in metrics.splitlines():
+        if line.startswith('contextledger_proxy_tokens_total{kind="prompt"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def test_the_relay_passes_the_upstreams_json_and_the_clients_fields(
+    pg_dsn: str, fake: FakeLLM
+) -> None:
+    def answer(req: Any) -> Reply:
+        body = completion_body(req.model, "relayed as is")
+        body["system_fingerprint"] = "fp_upstream"  # not in litellm's model: dropped there
+        body["x_upstream_extra"] = {"kept": [1, 2]}
+        return Reply(body=body)
+
+    fake.script("real-name", [answer])
+    tools: Any = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    async with service(pg_dsn, fake, True, model_map={"alias": "hosted_vllm/real-name"}) as svc:
+        before = prompt_tokens((await svc.client.get("/metrics")).text)
+        raw = await client(svc, "as-is").chat.completions.with_raw_response.create(
+            model="alias",
+            messages=[{"role": "user", "content": "hi"}],
+            temperature=0.25,
+            tools=tools,
+            tool_choice="auto",
+            user="not-forwarded",
+            extra_body={"top_k": 7, "custom": {"nested": [1, {"a": None}]}},
+        )
+        after = prompt_tokens((await svc.client.get("/metrics")).text)
+        stored = await branch(svc, pg_dsn, "as-is")
+    assert raw.status_code == 200
+    data = json.loads(raw.content)
+    assert data["x_upstream_extra"] == {"kept": [1, 2]}
+    assert data["system_fingerprint"] == "fp_upstream"
+    assert after - before == 10  # the fake's usage, counted
+    assert relayed(fake) == [True]
+    sent = fake.calls("real-name")[0]
+    assert sent.headers["authorization"] == "Bearer upstream-secret"
+    assert sent.body == {
+        "model": "real-name",
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0.25,
+        "tools": tools,
+        "tool_choice": "auto",
+        "top_k": 7,
+        "custom": {"nested": [1, {"a": None}]},
+    }
+    assert stored[-1] == {"role": "assistant", "content": "relayed as is"}
+
+
+async def test_a_provider_the_relay_does_not_speak_goes_through_litellm(
+    pg_dsn: str, fake: FakeLLM
+) -> None:
+    # ``openai/`` with an api_base is relayed; a model litellm knows no provider for is
+    # not, and litellm's own error says so (the relay never tried it)
+    async with service(pg_dsn, fake, True, model_map={"other": "nosuchprovider/x"}) as svc:
+        with pytest.raises(openai.APIStatusError):
+            await client(svc, "other").chat.completions.create(
+                model="other", messages=[{"role": "user", "content": "x"}]
+            )
+        await client(svc, "openai").chat.completions.create(
+            model="openai/m", messages=[{"role": "user", "content": "x"}]
+        )
+    assert relayed(fake) == [True]
+    assert fake.calls()[0].model == "m"
+
+
+FAILURES: list[tuple[str, Reply]] = [
+    ("401", openai_error(401, "Incorrect API key", type_="invalid_request_error")),
+    ("404", openai_error(404, "The model does not exist", type_="invalid_request_error")),
+    ("400", context_exceeded()),
+    ("429", rate_limited(0)),
+    ("500", server_error()),
+    ("502 html", html_page(502)),
+    ("503", openai_error(503, "overloaded", type_="server_error")),
+]
+
+
+async def outcomes(svc: Running, calls: int) -> list[tuple[int, str, str]]:
+    """(status, problem code, error code) of each of ``calls`` failing calls."""
+    seen = []
+    for i in range(calls):
+        response = await svc.client.post(
+            "/v1/chat/completions",
+            headers={"X-Session-Id": f"fail-{i}"},
+            json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        )
+        body = response.json()
+        assert response.headers["content-type"] == "application/problem+json"
+        seen.append((response.status_code, body["code"], body["error"]["code"]))
+    return seen
+
+
+async def test_upstream_failures_give_the_same_problems_on_both_paths(
+    pg_dsn: str, fake: FakeLLM
+) -> None:
+    results = {}
+    for relay in (True, False):
+        fake.script("m", [reply for _, reply in FAILURES])
+        async with service(pg_dsn, fake, relay) as svc:
+            results[relay] = await outcomes(svc, len(FAILURES))
+    assert results[True] == results[False]
+    assert [status for status, _, _ in results[True]] == [401, 404, 400, 429, 500, 502, 503]
+    assert {code for _, code, _ in results[True]} == {"UPSTREAM_ERROR"}
+    assert relayed(fake) == [True] * len(FAILURES) + [False] * len(FAILURES)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_unreachable_and_slow_upstreams_give_the_same_problems_on_both_paths(
+    pg_dsn: str, fake: FakeLLM
+) -> None:
+    unreachable = f"http://127.0.0.1:{closed_port()}/v1"
+    results: dict[bool, list[tuple[int, str, str]]] = {}
+    for relay in (True, False):
+        fake.script("m", [slow(3, "too late")])
+        async with service(pg_dsn, fake, relay, upstream_timeout=0.5) as svc:
+            results[relay] = await outcomes(svc, 1)
+        settings = Settings(
+            dsn=pg_dsn, migrate=False, upstream_api_base=unreachable, upstream_relay=relay
+        )
+        async with running_service(settings) as svc:
+            results[relay] += await outcomes(svc, 1)
+    assert results[True] == results[False]
+    assert [status for status, _, _ in results[True]] == [408, 500]
+
+
+@PATHS
+async def test_streams_record_the_same_reply_on_both_paths(
+    pg_dsn: str, fake: FakeLLM, relay: bool
+) -> None:
+    base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return base | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    first = {"name": "lookup", "arguments": ""}
+    pieces = [  # a tool call's id, name and arguments spread over several deltas
+        chunk({"role": "assistant", "content": "Let me "}),
+        chunk({"content": "check."}),
+        chunk(
+            {"tool_calls": [{"index": 0, "id": "call_a", "type": "function", "function": first}]}
+        ),
+        chunk({"tool_calls": [{"index": 1, "id": "call_b", "function": {"name": "other"}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"q": '}}]}),
+        chunk({"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"x"}'}}]}),
+        chunk({}, "tool_calls"),
+        base | {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}},
+    ]
+    fake.script("m", [streamed(pieces)])
+    async with service(pg_dsn, fake, relay) as svc:
+        stream = await client(svc, "pieces").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "go"}], stream=True
+        )
+        got = [c async for c in stream]
+        stored = await branch(svc, pg_dsn, "pieces")
+        metrics = (await svc.client.get("/metrics")).text
+    assert relayed(fake) == [relay]
+    assert fake.calls("m")[0].body["stream_options"] == {"include_usage": True}
+    assert "".join(c.choices[0].delta.content or "" for c in got if c.choices) == "Let me check."
+    assert got[-1].usage is not None and got[-1].usage.prompt_tokens == 7
+    assert prompt_tokens(metrics) == 7
+    assert stored[-1] == {
+        "role": "assistant",
+        "content": "Let me check.",
+        "tool_calls": [
+            {
+                "id": "call_a",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": '{"q": "x"}'},
+            },
+            {"id": "call_b", "type": "function", "function": {"name": "other", "arguments": "{}"}},
+        ],
+    }
+
+
+@PATHS
+async def test_a_stream_cut_mid_way_ends_in_an_error_event_and_records_nothing(
+    pg_dsn: str, fake: FakeLLM, relay: bool
+) -> None:
+    fake.script("m", [cut_stream("a long answer that never arrives whole", after=2)])
+    async with service(pg_dsn, fake, relay) as svc:
+        stream = await client(svc, "cut").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "go"}], stream=True
+        )
+        got: list[Any] = []
+        with pytest.raises(openai.APIError):
+            async for c in stream:
+                got.append(c)
+        stored = await branch(svc, pg_dsn, "cut")
+    assert relayed(fake) == [relay]
+    assert got  # the chunks before the cut reached the client
+    assert stored == [{"role": "user", "content": "go"}]
+
+
+@PATHS
+async def test_a_stream_the_upstream_refuses_is_a_problem(
+    pg_dsn: str, fake: FakeLLM, relay: bool
+) -> None:
+    fake.script("m", [rate_limited(0)])
+    async with service(pg_dsn, fake, relay) as svc:
+        with pytest.raises(openai.RateLimitError):
+            await client(svc, "refused").chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "go"}], stream=True
+            )
+
+
+async def test_the_relay_retries_what_is_worth_retrying(pg_dsn: str, fake: FakeLLM) -> None:
+    fake.script(
+        "m",
+        [server_error(), rate_limited(0), ok("third time"), context_exceeded(), server_error()],
+    )
+    async with service(pg_dsn, fake, True, upstream_retries=2) as svc:
+        oai = client(svc, "retried")
+        reply = await oai.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}]
+        )
+        assert reply.choices[0].message.content == "third time"
+        assert len(fake.calls("m")) == 3
+        with pytest.raises(openai.BadRequestError):  # a 400 is the request's fault: no retry
+            await oai.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "y"}]
+            )
+        assert len(fake.calls("m")) == 4
+    async with service(pg_dsn, fake, True) as svc:  # no retries by default
+        with pytest.raises(openai.InternalServerError):
+            await client(svc, "once").chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "z"}]
+            )
+    assert len(fake.calls("m")) == 5
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_failed_relay_goes_on_to_the_fallbacks(
+    pg_dsn: str, fake: FakeLLM, stream: bool
+) -> None:
+    fake.script("m", [server_error()])
+    fake.script("backup", [ok("from the backup")])
+    async with service(pg_dsn, fake, True, fallbacks=("hosted_vllm/backup",)) as svc:
+        response = await client(svc, "fallen").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=stream
+        )
+        if isinstance(response, openai.AsyncStream):
+            text = "".join([c.choices[0].delta.content or "" async for c in response if c.choices])
+        else:
+            text = response.choices[0].message.content or ""
+        stored = await branch(svc, pg_dsn, "fallen")
+    assert text == "from the backup"
+    assert fake.models_called() == ["m", "backup"]
+    assert relayed(fake) == [True, False]  # the fallbacks are litellm's
+    assert stored[-1] == {"role": "assistant", "content": "from the backup"}
