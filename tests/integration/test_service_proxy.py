@@ -241,6 +241,33 @@ async def test_an_edit_deep_in_a_longer_history_is_still_seen(
     assert stored[-1]["role"] == "assistant"
 
 
+async def test_an_edit_of_the_recorded_reply_is_seen(
+    svc: Running, fake: FakeLLM, pg_dsn: str
+) -> None:
+    # the proxy compares the client's own messages as it sent them, and the replies it
+    # recorded by their fields: a reply the client changed before resending is seen too
+    fake.script("m", [ok("a0"), ok("a1"), ok("a2")])
+    oai = client(svc, "reply-edit")
+    history: list[Any] = [{"role": "user", "content": "q0"}]
+    reply = await oai.chat.completions.create(model="m", messages=history)
+    history += [reply.choices[0].message.model_dump(), {"role": "user", "content": "q1"}]
+    await oai.chat.completions.create(model="m", messages=history)
+    history += [
+        {"role": "assistant", "content": "a1, as the client edited it"},
+        {"role": "user", "content": "q2"},
+    ]
+    await oai.chat.completions.create(model="m", messages=history)
+    stored = await branch(svc, pg_dsn, "reply-edit")
+    assert [m["content"] for m in stored] == [
+        "q0",
+        "a0",
+        "q1",
+        "a1, as the client edited it",
+        "q2",
+        "a2",
+    ]
+
+
 async def test_a_rest_append_between_proxy_calls_is_seen(
     svc: Running, fake: FakeLLM, pg_dsn: str
 ) -> None:

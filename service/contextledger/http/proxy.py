@@ -109,10 +109,17 @@ def fields(message: Mapping[str, Any]) -> tuple[Any, ...]:
 class _Prefix:
     """What this process knows the session's branch holds, so the common prefix with a
     resent history is found without reading the branch: valid while the session's head
-    is still ``head`` (any other write through this process moves it)."""
+    is still ``head`` (any other write through this process moves it).
+
+    ``items`` are the messages as the client sent them, except after ``exact``: those
+    (a reply the proxy recorded) are compared by ``fields`` once, then kept as resent.
+    Equal dicts have equal fields, and the client resends its history as it sent it,
+    so most of a resend is one C-level list comparison: ~0.02 against 0.35 ms for
+    ``fields`` of 400 messages."""
 
     head: int
-    items: list[tuple[Any, ...]]  # ``fields`` of each message, extended as they are appended
+    items: list[Mapping[str, Any]]
+    exact: int
 
 
 #: Per cached session (dropped with it). A miss costs one read of the branch, as before.
@@ -125,23 +132,35 @@ async def _common_prefix(session: Session, sent: Sequence[Mapping[str, Any]]) ->
     sent."""
     known = _prefixes.get(session)
     if known is not None and known.head == session.head:
-        count = len(known.items)
-        if count <= len(sent) and list(map(fields, sent[:count])) == known.items:
+        count, exact = len(known.items), known.exact
+        if (
+            count <= len(sent)
+            and sent[:exact] == known.items[:exact]
+            and list(map(fields, sent[exact:count])) == list(map(fields, known.items[exact:]))
+        ):
+            known.items[exact:] = sent[exact:count]
+            known.exact = count
             return count, count
     head = session.head
     branch = await session.get_messages()
     k = common_prefix(branch, sent)
     if k == len(branch):  # remembered as the client sends it, so its next resend matches
-        _prefixes[session] = _Prefix(head, list(map(fields, sent[:k])))
+        _prefixes[session] = _Prefix(head, list(sent[:k]), k)
     else:
         _prefixes.pop(session, None)
     return k, len(branch)
 
 
 def _extend(
-    session: Session, head_before: int, seq: int | None, message: Mapping[str, Any]
+    session: Session,
+    head_before: int,
+    seq: int | None,
+    message: Mapping[str, Any],
+    *,
+    as_sent: bool,
 ) -> None:
-    """Extend the known prefix by what was just appended, unless anyone else (or a
+    """Extend the known prefix by what was just appended (``as_sent``: the client's
+    message as it sent it, else a reply recorded here), unless anyone else (or a
     synthetic tool result) also wrote in between: then the next request reads."""
     known = _prefixes.get(session)
     if known is None:
@@ -150,7 +169,9 @@ def _extend(
         _prefixes.pop(session, None)
         return
     known.head = seq
-    known.items.append(fields(message))
+    if as_sent and known.exact == len(known.items):
+        known.exact += 1
+    known.items.append(message)
 
 
 async def _session(tenants: Tenants, tenant: str, session_id: str, model: str) -> Session:
@@ -273,7 +294,7 @@ async def chat_completions(request: Request) -> Response:
             for i, m in enumerate(sent[k:], start=k):
                 before = session.head
                 seq = await session.add_message(essence(m), idempotency_key=position_key(i, m))
-                _extend(session, before, seq, m)
+                _extend(session, before, seq, m, as_sent=True)
             metrics.appends.inc(len(sent) - k)
         outgoing = await session.get_messages_for_request(
             token_budget=settings.proxy_token_budget, provider=Provider(model)
@@ -338,9 +359,9 @@ async def _relayed(
     if stream:
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}  # counted, as litellm asks
-        response = await relay.open_stream(target, json.dumps(payload).encode())
+        response = await relay.open_stream(target, _encode(payload))
         return StreamingResponse(_relay_stream(response, record), media_type="text/event-stream")
-    raw = await relay.complete(target, json.dumps(payload).encode())
+    raw = await relay.complete(target, _encode(payload))
     try:
         data = json.loads(raw)
     except ValueError:
@@ -352,6 +373,14 @@ async def _relayed(
         record(essence(choices[0].get("message") or {}))
     _count_usage(record.metrics, data.get("usage"))
     return Response(raw, media_type="application/json")  # the upstream's JSON as it came
+
+
+#: What came from JSON has no cycles: not checking for them is ~20% of the encoding.
+_encoder = json.JSONEncoder(check_circular=False, separators=(",", ":"))
+
+
+def _encode(payload: dict[str, Any]) -> bytes:
+    return _encoder.encode(payload).encode()
 
 
 async def _relay_stream(response: Any, record: _Recorder) -> AsyncIterator[bytes]:
@@ -410,7 +439,7 @@ class _Recorder:
             seq = await self.session.add_message(
                 reply, idempotency_key=position_key(self.position, reply)
             )
-            _extend(self.session, before, seq, reply)
+            _extend(self.session, before, seq, reply, as_sent=False)
             self.metrics.appends.inc()
 
         self.tenants.defer(self.tenant, self.session_id, write)

@@ -21,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -133,17 +135,26 @@ class Relay:
             total=None, sock_connect=settings.upstream_timeout, sock_read=settings.upstream_timeout
         )
         self._session: aiohttp.ClientSession | None = None
+        self._proxies: dict[str, str | None] = {}
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             # No cap on connections: a queue here would add to the model's time; the
-            # upstream limits its own concurrency. ``trust_env``: HTTP(S)_PROXY is
-            # honoured, as litellm's httpx client does.
+            # upstream limits its own concurrency.
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self.timeout, trust_env=True
-            )
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
         return self._session
+
+    def _proxy(self, url: str) -> str | None:
+        """The HTTP(S)_PROXY for ``url`` (None under NO_PROXY), as litellm's httpx client
+        honours them; read once per URL: aiohttp's ``trust_env`` reads them, and the
+        netrc file, in a worker thread on every request."""
+        if url not in self._proxies:
+            parts = urlsplit(url)
+            bypass = urllib.request.proxy_bypass(parts.hostname or "")
+            proxy = None if bypass else urllib.request.getproxies().get(parts.scheme)
+            self._proxies[url] = proxy
+        return self._proxies[url]
 
     async def close(self) -> None:
         if self._session is not None:
@@ -171,7 +182,9 @@ class Relay:
         while True:
             wait: float | None = None
             try:
-                response = await self._client().post(target.url, data=body, headers=target.headers)
+                response = await self._client().post(
+                    target.url, data=body, headers=target.headers, proxy=self._proxy(target.url)
+                )
                 if response.status < 300 and not read:
                     return response, b""
                 try:
