@@ -336,3 +336,28 @@ async def test_a_failed_relay_goes_on_to_the_fallbacks(
     assert fake.models_called() == ["m", "backup"]
     assert relayed(fake) == [True, False]  # the fallbacks are litellm's
     assert stored[-1] == {"role": "assistant", "content": "from the backup"}
+
+
+@pytest.mark.parametrize("bypass", [False, True], ids=["proxied", "no_proxy"])
+async def test_the_relay_honours_the_proxy_variables_as_litellm_does(
+    pg_dsn: str, fake: FakeLLM, monkeypatch: pytest.MonkeyPatch, bypass: bool
+) -> None:
+    # the upstream named ``localhost`` goes through HTTP_PROXY (nothing listens there)
+    # unless NO_PROXY names it; the test's own calls to 127.0.0.1 never do
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{closed_port()}")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "127.0.0.1,localhost" if bypass else "127.0.0.1")
+    base = fake.base_url.replace("127.0.0.1", "localhost")
+    statuses = {}
+    for relay in (True, False):
+        settings = Settings(dsn=pg_dsn, migrate=False, upstream_api_base=base, upstream_relay=relay)
+        async with running_service(settings) as svc:
+            response = await svc.client.post(
+                "/v1/chat/completions",
+                headers={"X-Session-Id": f"env-{relay}"},
+                json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            )
+            statuses[relay] = response.status_code
+    assert statuses == ({True: 200, False: 200} if bypass else {True: 500, False: 500})
+    assert relayed(fake) == ([True, False] if bypass else [])
