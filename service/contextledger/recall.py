@@ -47,6 +47,8 @@ UNIT_RADIUS = 4
 EMBED_PER_REQUEST = 512
 EMBED_BATCH = 128
 MAX_EMBED_CHARS = 8000
+#: View items that stand for ledger messages (a summary's seq is not a message's).
+_CARRIED = frozenset({"message", "synthetic"})
 
 
 def reserve_for(budget_tokens: int, config: RecallConfig) -> int:
@@ -74,7 +76,8 @@ async def recall_for_request(
     query = query_text(view)
     if not config.enabled or not query.strip() or budget_tokens <= 0:
         return RecallBlock(None, (), 0, query)
-    carried = {i.seq for i in view if i.seq > 0 and i.kind in ("message", "synthetic")}
+    # ``ref[0]`` is the seq (the property costs a call per item: a third of this line)
+    carried = {i.ref[0] for i in view if i.ref[0] > 0 and i.kind in _CARRIED}
     matches = await store.search(
         session_id,
         query,

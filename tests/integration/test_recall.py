@@ -464,11 +464,75 @@ async def test_each_tenant_indexes_and_searches_only_its_own_events(pg_dsn: str)
         )
         try:
             assert await beta.fetchval("SELECT count(*) FROM contextledger.event_search") == 0
+            # The index lookup runs as the owner (0007): it applies the tenant key itself.
+            matches = "SELECT count(*) FROM contextledger.session_matches('r', '18443'::tsquery)"
+            assert await beta.fetchval(matches) == 0
+            await beta.execute("SET contextledger.tenant = 'other'")
+            assert await beta.fetchval(matches) == 0  # the same session id, another tenant
+            await beta.execute("SET contextledger.tenant = 'acme'")
+            assert await beta.fetchval(matches) == 1
         finally:
             await beta.close()
     finally:
         await conn.close()
     assert counts == {"acme": acme_messages, "other": 82}
+
+
+async def test_the_search_finds_matches_by_session_through_the_index(pg_dsn: str) -> None:
+    """0007: the lookup of ``session_matches`` is served by the index keyed by session (the
+    expressions must agree, or the plan falls back to reading the session's vectors), it
+    is not callable by just any role, and a downgrade restores 0006's index."""
+    from alembic import command
+
+    from contextledger.store.migrate import alembic_config
+
+    async with scratch_database() as dsn:
+        async with Ledger.open(dsn, migrate=True) as ledger:
+            await planted(ledger)
+            other = await ledger.session("s", config={"token_counter": "chars"})
+            await other.add_message({"role": "user", "content": "orchard-api binds to 18443 too"})
+            await (await ledger.session("r")).get_messages_for_request(token_budget=2000)
+            await other.get_messages_for_request(token_budget=2000)
+        conn = await asyncpg.connect(asyncpg_dsn(dsn))
+        try:
+            body = await conn.fetchval(
+                "SELECT prosrc FROM pg_proc WHERE proname = 'session_matches'"
+            )
+            async with conn.transaction():
+                await conn.execute("SET LOCAL enable_seqscan = off")
+                plan = await conn.fetchval(
+                    "EXPLAIN (FORMAT JSON) "
+                    + body.replace("p_session", "'r'").replace("p_query", "'18443'::tsquery")
+                )
+            assert "event_search_by_session" in plan
+            assert "event_search_pkey" not in plan
+            found = await conn.fetch(
+                "SELECT session_id, seq FROM contextledger.session_matches('r', '18443'::tsquery)"
+            )
+            assert [tuple(r) for r in found] == [("r", 3)]  # not session s's match
+            public = await conn.fetchval(
+                "SELECT has_function_privilege('public', "
+                "'contextledger.session_matches(text, tsquery)', 'EXECUTE')"
+            )
+            assert public is False
+            await asyncio.to_thread(command.downgrade, alembic_config(dsn), "0006")
+            indexes = {
+                r[0]
+                for r in await conn.fetch(
+                    "SELECT indexname FROM pg_indexes WHERE tablename = 'event_search'"
+                )
+            }
+            assert indexes == {"event_search_pkey", "event_search_search"}
+            assert await conn.fetchval("SELECT to_regproc('contextledger.session_matches')") is None
+            await upgrade(dsn)
+            assert (
+                await conn.fetchval(
+                    "SELECT count(*) FROM contextledger.session_matches('r', '18443'::tsquery)"
+                )
+                == 1
+            )
+        finally:
+            await conn.close()
 
 
 async def test_a_purge_removes_the_vectors(pg_ledger: Ledger, pg_dsn: str) -> None:

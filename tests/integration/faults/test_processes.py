@@ -202,3 +202,34 @@ async def test_used_up_connection_slots_are_typed_and_retryable(scratch: str) ->
             "REVOKE ALL ON SCHEMA contextledger FROM cl_limited",
             "DROP ROLE cl_limited",
         )
+
+
+async def test_a_search_without_a_free_slot_runs_on_the_pools_own_connection(
+    scratch: str,
+) -> None:
+    """Live searches have connections of their own (one statement each); when the server
+    has no slot left for one, the search runs on a connection the ledger already holds."""
+    await admin(
+        scratch,
+        "DROP ROLE IF EXISTS cl_one_slot",
+        "CREATE ROLE cl_one_slot LOGIN CONNECTION LIMIT 1",
+        "GRANT contextledger_service TO cl_one_slot",
+    )
+    dsn = scratch.replace("postgres@", "cl_one_slot@")
+    fact = "Heads up: the orchard-api gateway binds to 18443 on staging."
+    try:
+        async with (
+            asyncio.timeout(60),  # a pool of one once left reads waiting forever
+            Ledger.open(dsn, pool_size=1, role="contextledger_service") as ledger,
+        ):
+            session = await ledger.session("one", config={"token_counter": "chars"})
+            await session.add_message({"role": "user", "content": fact})
+            for i in range(40):
+                await session.add_message({"role": "user", "content": f"step {i}: tidy " * 8})
+                await session.add_message({"role": "assistant", "content": f"done {i} " * 8})
+            await session.add_message({"role": "user", "content": "orchard-api port?"})
+            request = await session.get_messages_for_request(token_budget=1500)
+        assert "18443" in str(request)  # recalled, though its own pool could not connect
+        assert fact not in str(request[:2])  # not merely carried at the front
+    finally:
+        await admin(scratch, "DROP ROLE cl_one_slot")

@@ -100,8 +100,14 @@ def finish_request_view(
     out: list[dict[str, Any]] = []
     append = out.append
     last = len(items) - 1
+    seen = cache.get if cache is not None else None
     for n, item in enumerate(items):
         if item.kind != "summary":  # the common case: no bridge to look for
+            hit = seen((item.ref, item.kind, target_model)) if seen is not None else None
+            if hit is not None and hit[0] is item.message:  # _finish_one's hit, inlined
+                if hit[1] is not None:
+                    append(dict(hit[1]) if hit[2] else copy.deepcopy(hit[1]))
+                continue
             message = _finish_one(item, reasoning, strip, cache, target_model)
             if message is not None:
                 append(message)
