@@ -7,6 +7,7 @@ Driven by the real ``openai`` SDK over HTTP, upstream = tests/fakellm.py.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -361,3 +362,16 @@ async def test_the_relay_honours_the_proxy_variables_as_litellm_does(
             statuses[relay] = response.status_code
     assert statuses == ({True: 200, False: 200} if bypass else {True: 500, False: 500})
     assert relayed(fake) == ([True, False] if bypass else [])
+
+
+@pytest.mark.parametrize("level", [logging.DEBUG, logging.INFO])
+async def test_the_forward_is_logged_at_debug_only(
+    pg_dsn: str, fake: FakeLLM, caplog: pytest.LogCaptureFixture, level: int
+) -> None:
+    caplog.set_level(level, logger="contextledger.http.proxy")
+    async with service(pg_dsn, fake, True) as svc:
+        await client(svc, "logged").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}]
+        )
+    logged = any("proxy_forward" in r.getMessage() for r in caplog.records)
+    assert logged == (level == logging.DEBUG)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -42,6 +43,9 @@ from contextledger.http.settings import Settings
 from contextledger.http.tenancy import Tenants
 
 log = structlog.get_logger(__name__)
+#: structlog's filter_by_level asks this logger; asked first, a debug line that would be
+#: dropped costs ~0.2 instead of ~11 us (its event is built before it is dropped).
+_stdlog = logging.getLogger(__name__)
 router = APIRouter(tags=["proxy"])
 #: Request fields the proxy handles itself; everything else goes to the upstream as is.
 OWN_FIELDS = frozenset({"messages", "model", "user", "stream", "stream_options"})
@@ -306,13 +310,14 @@ async def chat_completions(request: Request) -> Response:
     key = upstream.upstream_key(settings, _client_key(request))
     extra = {k: v for k, v in body.items() if k not in OWN_FIELDS}
     stream = bool(body.get("stream"))
-    log.debug(
-        "proxy_forward",
-        session_id=session_id,
-        appended=0 if retry else len(sent) - k,
-        sent=len(outgoing),
-        overhead_ms=round((time.perf_counter() - started) * 1000, 2),
-    )
+    if _stdlog.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "proxy_forward",
+            session_id=session_id,
+            appended=0 if retry else len(sent) - k,
+            sent=len(outgoing),
+            overhead_ms=round((time.perf_counter() - started) * 1000, 2),
+        )
     record = _Recorder(tenants, tenant, session_id, session, position, metrics)
     models = [target_model, *settings.fallbacks]
     target = upstream.relay_target(settings, target_model, key)
