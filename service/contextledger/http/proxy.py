@@ -27,7 +27,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from fastapi import APIRouter, Request
@@ -41,6 +41,9 @@ from contextledger.http.problems import Problem
 from contextledger.http.rest import Provider
 from contextledger.http.settings import Settings
 from contextledger.http.tenancy import Tenants
+
+if TYPE_CHECKING:
+    from aiohttp import ClientResponse
 
 log = structlog.get_logger(__name__)
 #: structlog's filter_by_level asks this logger; asked first, a debug line that would be
@@ -118,7 +121,7 @@ class _Prefix:
     ``items`` are the messages as the client sent them, except after ``exact``: those
     (a reply the proxy recorded) are compared by ``fields`` once, then kept as resent.
     Equal dicts have equal fields, and the client resends its history as it sent it,
-    so most of a resend is one C-level list comparison: ~0.02 against 0.35 ms for
+    so most of a resend is one C-level list comparison: ~0.07 against ~0.25 ms for
     ``fields`` of 400 messages."""
 
     head: int
@@ -388,7 +391,7 @@ def _encode(payload: dict[str, Any]) -> bytes:
     return _encoder.encode(payload).encode()
 
 
-async def _relay_stream(response: Any, record: _Recorder) -> AsyncIterator[bytes]:
+async def _relay_stream(response: ClientResponse, record: _Recorder) -> AsyncIterator[bytes]:
     """The upstream's events passed on as they arrive, the reply assembled from them
     and recorded once the stream is through; a stream cut short ends in an
     OpenAI-style error event, and records nothing."""
