@@ -375,3 +375,19 @@ async def test_the_forward_is_logged_at_debug_only(
         )
     logged = any("proxy_forward" in r.getMessage() for r in caplog.records)
     assert logged == (level == logging.DEBUG)
+
+
+@PATHS
+@pytest.mark.parametrize("suffix", ["", "/", "/chat/completions"])
+async def test_a_base_with_or_without_the_endpoint_reaches_it(
+    pg_dsn: str, fake: FakeLLM, relay: bool, suffix: str
+) -> None:
+    settings = Settings(
+        dsn=pg_dsn, migrate=False, upstream_api_base=fake.base_url + suffix, upstream_relay=relay
+    )
+    async with running_service(settings) as svc:
+        await client(svc, "base").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}]
+        )
+    assert [r.path for r in fake.calls()] == ["/v1/chat/completions"]
+    assert relayed(fake) == [relay]

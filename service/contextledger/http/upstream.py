@@ -78,8 +78,11 @@ def relay_target(settings: Settings, litellm_model: str, key: str) -> Target | N
     provider, _, name = litellm_model.partition("/")
     if not settings.upstream_relay or not base or not name or provider not in RELAYED_PROVIDERS:
         return None
+    url = base.rstrip("/")
+    if "chat/completions" not in url:  # litellm's rule: a base naming the endpoint is kept
+        url += "/chat/completions"
     return Target(
-        url=base.rstrip("/") + "/chat/completions",
+        url=url,
         model=name,
         headers={
             "Authorization": f"Bearer {key}",
