@@ -109,7 +109,9 @@ class Ledger:
         key when the server is briefly unavailable (safe: a retry never writes twice).
         ``tenant`` scopes every connection to one tenant's rows (row-level security,
         migration 0004) and ``role`` switches its connections to that database role;
-        the service passes both, embedded use needs neither.
+        the service passes both, embedded use needs neither. ``pool_size`` connections
+        serve appends and reads; live recall searches open up to half as many more, as
+        they are needed (they run with their own settings, see ``PostgresStore.search``).
         """
         return _Opener(cls, dsn, home, migrate, config, pool_size, tenant, role, retry_appends)
 
