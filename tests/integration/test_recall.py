@@ -505,6 +505,11 @@ async def test_the_search_finds_matches_by_session_through_the_index(pg_dsn: str
                     + body.replace("p_session", "'r'").replace("p_query", "'18443'::tsquery")
                 )
             assert "event_search_by_session" in plan
+            indexdef = await conn.fetchval(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = 'event_search_by_session'"
+            )
+            # tagged by tenant and id: another tenant's "main" is not stepped through
+            assert "session_lexeme(tenant_id, session_id)" in indexdef
             assert "event_search_pkey" not in plan
             found = await conn.fetch(
                 "SELECT session_id, seq FROM contextledger.session_matches('r', '18443'::tsquery)"
@@ -584,3 +589,47 @@ async def test_migration_0006_moves_the_vectors_and_downgrades(pg_dsn: str) -> N
             assert await conn.fetchval(vector.format("event_search")) == before
         finally:
             await conn.close()
+
+
+async def test_a_role_refused_the_index_function_still_recalls_from_the_table(
+    pg_dsn: str,
+) -> None:
+    """An application role with table grants only (or a custom service role) may not run
+    ``session_matches``: the search reads the table instead, row-level security applying,
+    and once granted it uses the function."""
+    role = f"cl_app_{uuid.uuid4().hex[:6]}"
+    async with scratch_database() as dsn:
+        async with Ledger.open(dsn, migrate=True):
+            pass
+        conn = await asyncpg.connect(asyncpg_dsn(dsn))
+        try:
+            for statement in (
+                f"CREATE ROLE {role} LOGIN",
+                f"GRANT USAGE ON SCHEMA contextledger TO {role}",
+                f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA contextledger"
+                f" TO {role}",
+                f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA contextledger TO {role}",
+            ):
+                await conn.execute(statement)
+            app = dsn.replace("postgres@", f"{role}@")
+            async with Ledger.open(app) as ledger:
+                session = await planted(ledger)
+                refused = await session.get_messages_for_request(token_budget=2000)
+                assert ledger.store._definer is False  # type: ignore[attr-defined]
+                await conn.execute(
+                    "GRANT EXECUTE ON FUNCTION contextledger.session_matches(text, tsquery)"
+                    f" TO {role}"
+                )
+            async with Ledger.open(app) as ledger:
+                session = await ledger.session("r")
+                granted = await session.get_messages_for_request(token_budget=2000)
+                assert ledger.store._definer is True  # type: ignore[attr-defined]
+            assert any("18443" in b for b in recall_blocks(refused))
+            assert recall_blocks(granted) == recall_blocks(refused)
+        finally:
+            await conn.close()
+    admin = await asyncpg.connect(host=PG_HOST, port=PG_PORT, user="postgres", database="postgres")
+    try:
+        await admin.execute(f"DROP ROLE {role}")
+    finally:
+        await admin.close()

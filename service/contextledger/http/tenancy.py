@@ -187,7 +187,11 @@ class Tenants:
         for tenant, ledger in self._ledgers.items():
             pool = getattr(ledger.store, "_pool", None)
             if pool is not None:
-                stats[tenant] = (pool.get_size(), pool.get_idle_size())
+                size, idle = pool.get_size(), pool.get_idle_size()
+                search = getattr(ledger.store, "_search_pool", None)  # recall's own
+                if search is not None:
+                    size, idle = size + search.get_size(), idle + search.get_idle_size()
+                stats[tenant] = (size, idle)
         return stats
 
     async def close(self) -> None:

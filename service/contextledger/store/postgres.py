@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -319,6 +320,9 @@ _LIVE_SEARCH_SETTINGS = _SEARCH_SETTINGS + "; SET LOCAL plan_cache_mode = force_
 #: pool), so a search is one autocommit statement: the transaction block and its SET
 #: cost three more round trips (~0.5 ms of a ~3 ms search, measured at 20,000 turns).
 _SEARCH_CONNECTION = {"synchronous_commit": "off", "plan_cache_mode": "force_generic_plan"}
+#: After the server refused the search pool a connection, live searches use the main
+#: pool for this long (seconds) instead of forking a backend per search to be refused.
+SEARCH_POOL_BACKOFF = 10.0
 
 
 def gate_gaps(upto_seq: int, carried: Collection[int]) -> list[int] | None:
@@ -331,7 +335,9 @@ def gate_gaps(upto_seq: int, carried: Collection[int]) -> list[int] | None:
     return [x for x in range(1, upto_seq + 1) if x not in held]
 
 
-def search_sql(*, indexed: bool, given_branch: bool, store: bool = True) -> str:
+def search_sql(
+    *, indexed: bool, given_branch: bool, store: bool = True, definer: bool = True
+) -> str:
     """The recall search: on the stored vectors (catching up first; ``store=False`` on a
     read-only server computes the missing ones without storing them), or on vectors
     computed on the fly for another text search configuration."""
@@ -351,7 +357,8 @@ def search_sql(*, indexed: bool, given_branch: bool, store: bool = True) -> str:
             head=head,
             on_branch=on_branch,
             docs_sample=docs(f"{S}.event_search", _IN_SAMPLE),
-            docs_match=docs(_STORED_MATCHES, match),
+            # a role without EXECUTE on session_matches reads the table (RLS applies)
+            docs_match=docs(_STORED_MATCHES if definer else f"{S}.event_search", match),
         )
     message = "e.type = 'message.appended' AND "
     match = _MATCHES.format(v=_UNINDEXED, branch=branch)
@@ -472,6 +479,7 @@ class PostgresStore(Store):
     ) -> None:
         self._pool = pool
         self._search_pool = search_pool  # live searches (``_SEARCH_CONNECTION``), if any
+        self._search_refused_at: float | None = None  # when the server last refused it one
         self._dsn = dsn
         self._heads: dict[str, tuple[int, str]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -493,6 +501,7 @@ class PostgresStore(Store):
         self._hot_max = hot_connections
         self._vectors: bool | None = None  # pgvector present? (asked once)
         self._closed: dict[str, _ClosedGate] = {}  # each session's last closed gate
+        self._definer = True  # may this role EXECUTE session_matches (0007)? until denied
 
     @classmethod
     @translated
@@ -528,8 +537,13 @@ class PostgresStore(Store):
                 asyncpg_dsn(dsn),
                 min_size=0,
                 max_size=max(1, max_size // 2),
-                server_settings={**settings, **_SEARCH_CONNECTION},
+                server_settings={
+                    **settings,
+                    **_SEARCH_CONNECTION,
+                    "application_name": "contextledger-search",
+                },
                 reset=_keep_session,
+                max_inactive_connection_lifetime=30,  # slots go back soon after a burst
             )
         except Exception as exc:
             if pool is not None:
@@ -1263,17 +1277,23 @@ class PostgresStore(Store):
                 indexed=text_config == INDEX_TEXT_CONFIG,
                 given_branch=branch is not None,
                 store=store,
+                definer=self._definer,
             )
             if branch is None:
                 text = text.replace("$6", "$5").replace("$7", "$6")
             return text.replace("$G", f"${len(args)}")
 
         async def run(text: str) -> list[asyncpg.Record]:
-            if branch is None and self._search_pool is not None:
+            refused = self._search_refused_at
+            if (
+                branch is None
+                and self._search_pool is not None
+                and (refused is None or time.monotonic() - refused > SEARCH_POOL_BACKOFF)
+            ):
                 try:
                     conn = await self._search_pool.acquire()
                 except asyncpg.TooManyConnectionsError:  # no slot for it: the pool's own
-                    pass
+                    self._search_refused_at = time.monotonic()
                 else:
                     try:
                         found: list[asyncpg.Record] = await conn.fetch(text, *args)
@@ -1285,11 +1305,23 @@ class PostgresStore(Store):
                 rows: list[asyncpg.Record] = await conn.fetch(text, *args)
                 return rows
 
+        async def attempt() -> list[asyncpg.Record]:
+            try:
+                return await run(sql(store=True))
+            except asyncpg.ReadOnlySQLTransactionError:  # a standby: same answer, not stored
+                return await run(sql(store=False))
+
         try:
             try:
-                rows = await run(sql(store=True))
-            except asyncpg.ReadOnlySQLTransactionError:  # a standby: same answer, not stored
-                rows = await run(sql(store=False))
+                rows = await attempt()
+            except asyncpg.InsufficientPrivilegeError as exc:
+                if not self._definer or "session_matches" not in str(exc):
+                    raise
+                # A role other than contextledger_service (SERVICE_ROLE, an application
+                # role with table grants): the same rows from the table, RLS applying.
+                log.warning("recall_session_matches_denied", error=str(exc))
+                self._definer = False
+                rows = await attempt()
         except asyncpg.UndefinedObjectError as exc:  # an unknown text search configuration
             raise InvalidArgument(
                 f"recall.text_search_config: {exc}", field="recall.text_search_config"
@@ -1489,6 +1521,8 @@ class PostgresStore(Store):
         while self._idle:
             self._lent -= 1
             await self._pool.release(self._idle.pop())
-        if self._search_pool is not None:
-            await self._search_pool.close()
-        await self._pool.close()
+        try:
+            if self._search_pool is not None:
+                await self._search_pool.close()
+        finally:
+            await self._pool.close()
