@@ -8,12 +8,15 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import httpx
 import uvicorn
 from fastapi import FastAPI
+from openai import AsyncOpenAI
 
+from contextledger import Ledger
 from contextledger.http.app import create_app
 from contextledger.http.keys import create_key
 from contextledger.http.settings import Settings
@@ -81,3 +84,21 @@ def service_in_thread(settings: Settings) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def client(svc: Running, session: str) -> AsyncOpenAI:
+    """The real ``openai`` SDK pointed at the service's proxy, naming ``session``."""
+    return AsyncOpenAI(
+        base_url=f"{svc.url}/v1",
+        api_key="unused-in-local-mode",
+        default_headers={"X-Session-Id": session},
+        max_retries=0,
+    )
+
+
+async def branch(svc: Running, dsn: str, session_id: str) -> list[dict[str, Any]]:
+    """The session's branch as another process reads it, once the replies the service
+    records after responding have landed."""
+    await svc.app.state.tenants.settled()
+    async with Ledger.open(dsn) as ledger:
+        return await (await ledger.session(session_id, create=False)).get_messages()

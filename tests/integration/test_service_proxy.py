@@ -19,7 +19,7 @@ from contextledger.http.proxy import position_key
 from contextledger.http.settings import Settings
 from contextledger.store.dsn import asyncpg_dsn
 from tests.fakellm import FakeLLM, ok, running_fake_llm, server_error, slow, tool_call
-from tests.integration.service_support import Running, running_service
+from tests.integration.service_support import Running, branch, client, running_service
 
 
 @pytest.fixture
@@ -39,23 +39,6 @@ async def svc(pg_dsn: str, fake: FakeLLM) -> AsyncIterator[Running]:
     )
     async with running_service(settings) as running:
         yield running
-
-
-def client(svc: Running, session: str) -> AsyncOpenAI:
-    return AsyncOpenAI(
-        base_url=f"{svc.url}/v1",
-        api_key="unused-in-local-mode",
-        default_headers={"X-Session-Id": session},
-        max_retries=0,
-    )
-
-
-async def branch(svc: Running, dsn: str, session_id: str) -> list[dict[str, Any]]:
-    """The session's branch as another process reads it, once the replies the service
-    records after responding have landed."""
-    await svc.app.state.tenants.settled()
-    async with Ledger.open(dsn) as ledger:
-        return await (await ledger.session(session_id, create=False)).get_messages()
 
 
 async def test_whole_history_resent_is_appended_once(

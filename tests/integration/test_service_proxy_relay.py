@@ -15,9 +15,7 @@ from typing import Any
 
 import openai
 import pytest
-from openai import AsyncOpenAI
 
-from contextledger import Ledger
 from contextledger.http.settings import Settings
 from contextledger.http.upstream import USER_AGENT
 from tests.fakellm import (
@@ -35,7 +33,7 @@ from tests.fakellm import (
     slow,
     streamed,
 )
-from tests.integration.service_support import Running, running_service
+from tests.integration.service_support import Running, branch, client, running_service
 
 PATHS = pytest.mark.parametrize("relay", [True, False], ids=["relay", "litellm"])
 
@@ -58,21 +56,6 @@ async def service(dsn: str, fake: FakeLLM, relay: bool, **overrides: Any) -> Asy
     )
     async with running_service(settings) as running:
         yield running
-
-
-def client(svc: Running, session: str) -> AsyncOpenAI:
-    return AsyncOpenAI(
-        base_url=f"{svc.url}/v1",
-        api_key="unused-in-local-mode",
-        default_headers={"X-Session-Id": session},
-        max_retries=0,
-    )
-
-
-async def branch(svc: Running, dsn: str, session_id: str) -> list[dict[str, Any]]:
-    await svc.app.state.tenants.settled()
-    async with Ledger.open(dsn) as ledger:
-        return await (await ledger.session(session_id, create=False)).get_messages()
 
 
 def relayed(fake: FakeLLM) -> list[bool]:

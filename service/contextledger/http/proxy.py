@@ -393,15 +393,16 @@ def _encode(payload: dict[str, Any]) -> bytes:
 
 async def _relay_stream(response: ClientResponse, record: _Recorder) -> AsyncIterator[bytes]:
     """The upstream's events passed on as they arrive, the reply assembled from them
-    and recorded once the stream is through; a stream cut short ends in an
+    and recorded once the stream is through, before its ``[DONE]``; a stream cut short ends in an
     OpenAI-style error event, and records nothing."""
     built = upstream.Assembler()
-    done = False
+    done = b"data: [DONE]\n\n"  # held back until the reply is recorded (below)
     try:
         async for event, data in upstream.events(response):
             if data == b"[DONE]":
-                done = True
-            elif data is not None:
+                done = event
+                continue
+            if data is not None:
                 try:
                     chunk = json.loads(data)
                 except ValueError:
@@ -418,12 +419,13 @@ async def _relay_stream(response: ClientResponse, record: _Recorder) -> AsyncIte
         return
     finally:
         response.release()  # its connection is reused when read through, else closed
-    if not done:
-        yield b"data: [DONE]\n\n"
+    # Recorded (deferred: Tenants.defer) before the client sees the end, so its next
+    # request through this process, sent the moment the stream ends, waits for it.
     message = built.message()
     if message is not None:
         record(essence(message))
     _count_usage(record.metrics, built.usage)
+    yield done
 
 
 @dataclass(slots=True)
@@ -489,13 +491,13 @@ async def _stream(
             problem = _upstream_problem(exc)
             yield f"data: {json.dumps({'error': problem.extra['error']})}\n\n"
             return
-        yield "data: [DONE]\n\n"
         built = litellm.stream_chunk_builder(chunks, messages=outgoing) if chunks else None
-        if built is not None:
+        if built is not None:  # recorded before the end is sent (see _relay_stream)
             data = built.model_dump(exclude_none=True)
             choices = data.get("choices") or []
             if choices:
                 record(essence(choices[0].get("message") or {}))
             _count_usage(record.metrics, data.get("usage"))
+        yield "data: [DONE]\n\n"
 
     return StreamingResponse(relay(), media_type="text/event-stream")
