@@ -633,3 +633,18 @@ async def test_a_role_refused_the_index_function_still_recalls_from_the_table(
         await admin.execute(f"DROP ROLE {role}")
     finally:
         await admin.close()
+
+
+async def test_the_store_counts_its_search_connections(pg_dsn: str) -> None:
+    """Live searches open connections of their own; the store's count (the service's
+    pool metric) includes them, and a store without a database has none."""
+    async with Ledger.open(pg_dsn, pool_size=4) as ledger:
+        before = ledger.store.connections()
+        assert before is not None and before[0] >= 1
+        session = await planted(ledger)
+        await session.get_messages_for_request(token_budget=2000)  # a live search
+        main = ledger.store._pool.get_size()  # type: ignore[attr-defined]
+        opened, idle = ledger.store.connections()  # type: ignore[misc]
+        assert opened == main + 1 and 0 <= idle <= opened
+    async with Ledger.open("memory://") as memory:
+        assert memory.store.connections() is None

@@ -185,13 +185,9 @@ class Tenants:
         """Per tenant: (connections open, connections idle) of its ledger's pool."""
         stats: dict[str, tuple[int, int]] = {}
         for tenant, ledger in self._ledgers.items():
-            pool = getattr(ledger.store, "_pool", None)
-            if pool is not None:
-                size, idle = pool.get_size(), pool.get_idle_size()
-                search = getattr(ledger.store, "_search_pool", None)  # recall's own
-                if search is not None:
-                    size, idle = size + search.get_size(), idle + search.get_idle_size()
-                stats[tenant] = (size, idle)
+            counts = ledger.store.connections()
+            if counts is not None:
+                stats[tenant] = counts
         return stats
 
     async def close(self) -> None:

@@ -246,6 +246,10 @@ class Store(abc.ABC):
     async def close(self) -> None:
         """Release connections; appends in flight are answered first."""
 
+    def connections(self) -> tuple[int, int] | None:
+        """``(open, idle)`` database connections of this store (None: it has none)."""
+        return None
+
     async def verify(self, session_id: str) -> VerifyReport:
         """Walk the hash chain up to the head read first (``core.chain.verify_chain``)."""
         info = await self.session_info(session_id)

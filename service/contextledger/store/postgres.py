@@ -1283,49 +1283,27 @@ class PostgresStore(Store):
                 text = text.replace("$6", "$5").replace("$7", "$6")
             return text.replace("$G", f"${len(args)}")
 
-        async def run(text: str) -> list[asyncpg.Record]:
-            refused = self._search_refused_at
-            if (
-                branch is None
-                and self._search_pool is not None
-                and (refused is None or time.monotonic() - refused > SEARCH_POOL_BACKOFF)
-            ):
-                try:
-                    conn = await self._search_pool.acquire()
-                except asyncpg.TooManyConnectionsError:  # no slot for it: the pool's own
-                    self._search_refused_at = time.monotonic()
-                else:
-                    try:
-                        found: list[asyncpg.Record] = await conn.fetch(text, *args)
-                        return found
-                    finally:
-                        await self._search_pool.release(conn)
-            async with self._pool.acquire() as conn, conn.transaction():
-                await conn.execute(_LIVE_SEARCH_SETTINGS if branch is None else _SEARCH_SETTINGS)
-                rows: list[asyncpg.Record] = await conn.fetch(text, *args)
-                return rows
-
         async def attempt() -> list[asyncpg.Record]:
             try:
-                return await run(sql(store=True))
-            except asyncpg.ReadOnlySQLTransactionError:  # a standby: same answer, not stored
-                return await run(sql(store=False))
+                try:
+                    return await self._run_search(sql(store=True), args, live=branch is None)
+                except asyncpg.ReadOnlySQLTransactionError:  # a standby: same answer, unstored
+                    return await self._run_search(sql(store=False), args, live=branch is None)
+            except asyncpg.UndefinedObjectError as exc:  # an unknown text search configuration
+                raise InvalidArgument(
+                    f"recall.text_search_config: {exc}", field="recall.text_search_config"
+                ) from None
 
         try:
-            try:
-                rows = await attempt()
-            except asyncpg.InsufficientPrivilegeError as exc:
-                if not self._definer or "session_matches" not in str(exc):
-                    raise
-                # A role other than contextledger_service (SERVICE_ROLE, an application
-                # role with table grants): the same rows from the table, RLS applying.
-                log.warning("recall_session_matches_denied", error=str(exc))
-                self._definer = False
-                rows = await attempt()
-        except asyncpg.UndefinedObjectError as exc:  # an unknown text search configuration
-            raise InvalidArgument(
-                f"recall.text_search_config: {exc}", field="recall.text_search_config"
-            ) from None
+            rows = await attempt()
+        except asyncpg.InsufficientPrivilegeError as exc:
+            if not self._definer or "session_matches" not in str(exc):
+                raise
+            # A role other than contextledger_service (SERVICE_ROLE, an application role
+            # with table grants): the same rows from the table, RLS applying.
+            log.warning("recall_session_matches_denied", error=str(exc))
+            self._definer = False
+            rows = await attempt()
         if branch is None:
             self._closed.pop(session_id, None)
             tip = self._heads.get(session_id)
@@ -1335,6 +1313,34 @@ class PostgresStore(Store):
                     del self._closed[next(iter(self._closed))]
                 self._closed[session_id] = _ClosedGate(upto_seq, frozenset(gaps), tip)
         return [(r[0], float(r[1])) for r in rows if r[0] != CLOSED]
+
+    async def _run_search(
+        self, text: str, args: Sequence[Any], *, live: bool
+    ) -> list[asyncpg.Record]:
+        """A live search on the search pool (one statement, its settings at connect),
+        unless the server refused that pool a slot in the last ``SEARCH_POOL_BACKOFF``
+        seconds; a replay, or a live search without a slot, in a transaction on the main
+        pool with the same settings set locally."""
+        refused = self._search_refused_at
+        if (
+            live
+            and self._search_pool is not None
+            and (refused is None or time.monotonic() - refused > SEARCH_POOL_BACKOFF)
+        ):
+            try:
+                async with self._search_pool.acquire() as conn:
+                    found: list[asyncpg.Record] = await conn.fetch(text, *args)
+                    return found
+            except asyncpg.TooManyConnectionsError:  # no slot for it: the main pool's
+                self._search_refused_at = time.monotonic()
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(_LIVE_SEARCH_SETTINGS if live else _SEARCH_SETTINGS)
+            rows: list[asyncpg.Record] = await conn.fetch(text, *args)
+            return rows
+
+    def connections(self) -> tuple[int, int]:
+        pools = [p for p in (self._pool, self._search_pool) if p is not None]
+        return sum(p.get_size() for p in pools), sum(p.get_idle_size() for p in pools)
 
     @translated
     async def vectors_available(self) -> bool:
