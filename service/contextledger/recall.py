@@ -78,7 +78,7 @@ async def recall_for_request(
         return RecallBlock(None, (), 0, query)
     # ``ref[0]`` is the seq (the property costs a call per item: a third of this line)
     carried = {i.ref[0] for i in view if i.ref[0] > 0 and i.kind in _CARRIED}
-    matches = await store.search(
+    matches, messages = await store.search_messages(
         session_id,
         query,
         exclude=carried,
@@ -94,9 +94,15 @@ async def recall_for_request(
         )
         if nearest:
             ranked = fuse([ranked, nearest])[: config.max_matches]
+            kept = set(ranked)  # a lexical match fusion dropped is no candidate
+            messages = [m for m in messages if m.seq in kept]
+            read = {m.seq for m in messages}
+            if len(read) < len(kept):
+                messages += await store.recall_messages(
+                    session_id, kept - read, upto_seq=upto_seq, branch=branch
+                )
     if not ranked:
         return RecallBlock(None, (), 0, query)
-    messages = await store.recall_messages(session_id, ranked, upto_seq=upto_seq, branch=branch)
     window: set[int] = set()  # a tool call or result comes with the rest of its unit
     for rec in messages:
         if is_tool_message(rec.message):

@@ -301,6 +301,41 @@ async def test_the_search_finds_a_fact_in_any_part_the_request_left_out(
     assert [s for s, _ in found] == ([] if left_out == "none" else [seqs[4]])
 
 
+async def test_the_search_reads_its_matches_messages_as_recall_messages_does(
+    ledger: Ledger,
+) -> None:
+    # A request's recall is one statement on PostgreSQL (the matches come with their
+    # messages): the same messages, tokens and order as the two reads it replaced, live
+    # and in a replay of the branch after a rollback, which left the fact out.
+    session = await planted(ledger)
+    point = await session.checkpoint("later")
+    abandoned = await session.add_message(
+        {"role": "user", "content": "orchard-api staging gateway: 18443?"}
+    )
+    await session.rollback(point)
+    await session.add_message({"role": "user", "content": QUESTION})
+    store, sid = session._store, session.session_id
+    branch = [e.seq async for e in session.events() if e.type == "message.appended"]
+    branch.remove(abandoned)
+    for given in (None, branch):
+        args: dict[str, Any] = {
+            "exclude": set(branch[-6:]),
+            "upto_seq": session.head,
+            "branch": given,
+            "limit": 8,
+            "text_config": "english",
+        }
+        found, messages = await store.search_messages(sid, QUESTION, **args)
+        assert found == await store.search(sid, QUESTION, **args)
+        assert found and abandoned not in [seq for seq, _ in found]
+        seqs = [seq for seq, _ in found]
+        expected = await store.recall_messages(sid, seqs, upto_seq=session.head, branch=given)
+        assert messages == expected
+        assert [m.seq for m in messages] == sorted(seqs)
+        assert any("18443" in str(m.message["content"]) for m in messages)
+        assert all(m.tokens > 0 for m in messages)
+
+
 # -- the search vectors (migration 0006): written by the search, not by appends -------
 
 

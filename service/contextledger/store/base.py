@@ -190,6 +190,33 @@ class Store(abc.ABC):
         by seq (newest first). A store without search recalls nothing."""
         return []
 
+    async def search_messages(
+        self,
+        session_id: str,
+        query: str,
+        *,
+        exclude: Collection[int],
+        upto_seq: int,
+        branch: Collection[int] | None,
+        limit: int,
+        text_config: str,
+    ) -> tuple[list[tuple[int, float]], list[Recalled]]:
+        """``search`` and the matched messages (``recall_messages`` of its seqs): what a
+        request's recall reads, which a store may answer in one round trip."""
+        found = await self.search(
+            session_id,
+            query,
+            exclude=exclude,
+            upto_seq=upto_seq,
+            branch=branch,
+            limit=limit,
+            text_config=text_config,
+        )
+        if not found:
+            return found, []
+        seqs = [seq for seq, _ in found]
+        return found, await self.recall_messages(session_id, seqs, upto_seq=upto_seq, branch=branch)
+
     async def vectors_available(self) -> bool:
         """Whether this store keeps embeddings (PostgreSQL with the ``vector`` extension)."""
         return False
