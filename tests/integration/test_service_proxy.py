@@ -169,6 +169,23 @@ async def test_upstream_errors_and_missing_session(svc: Running, fake: FakeLLM) 
     assert 'contextledger_proxy_tokens_total{kind="prompt"}' in metrics
 
 
+async def test_a_body_is_read_as_json_reads_it(svc: Running, fake: FakeLLM, pg_dsn: str) -> None:
+    # orjson reads the resent history; what it refuses and ``json`` reads still works
+    # (NaN, passed on to the upstream), and what neither reads is a 400 writing nothing.
+    fake.script("m", [ok("fine")])
+    headers = {"X-Session-Id": "raw", "Content-Type": "application/json"}
+    cut = await svc.client.post(
+        "/v1/chat/completions", content=b'{"model": "m", "messages": [', headers=headers
+    )
+    assert cut.status_code == 400 and cut.json()["code"] == "INVALID_REQUEST"
+    body = b'{"model": "m", "temperature": NaN, "messages": [{"role": "user", "content": "hi"}]}'
+    answered = await svc.client.post("/v1/chat/completions", content=body, headers=headers)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["choices"][0]["message"]["content"] == "fine"
+    assert fake.calls("m")[-1].body["temperature"] != fake.calls("m")[-1].body["temperature"]
+    assert [m["content"] for m in await branch(svc, pg_dsn, "raw")] == ["hi", "fine"]
+
+
 async def test_the_clients_own_key_can_be_passed_through(pg_dsn: str, fake: FakeLLM) -> None:
     settings = Settings(
         dsn=pg_dsn, migrate=False, upstream_api_base=fake.base_url, pass_client_key=True
