@@ -36,7 +36,12 @@ from contextledger.core.units import (
     track_open_calls,
 )
 from contextledger.core.view import ORD_STRIDE, ViewItem
-from contextledger.errors import ConcurrencyError, InvalidArgument, InvalidMessage
+from contextledger.errors import (
+    ConcurrencyError,
+    IdempotencyConflict,
+    InvalidArgument,
+    InvalidMessage,
+)
 from contextledger.protocols import LedgerHandle
 from contextledger.store.base import AppendResult, SessionInfo, Store
 
@@ -213,6 +218,23 @@ class WritePath:
             s._requests.on_append(prior, result, payloads)
         return result.seqs
 
+    async def _same_batch(
+        self, last: int, payloads: Sequence[Payload], key: str | None
+    ) -> list[int]:
+        """The seqs of an earlier batch written under ``key`` (its messages end at
+        ``last``), if it held the same messages; the store compared the last only."""
+        s = self._s
+        first = last - len(payloads) + 1
+        stored = []
+        if first >= 1:
+            stored = [e.payload async for e in s._store.read_events(s.session_id, first, last)]
+        if stored != list(payloads):
+            raise IdempotencyConflict(
+                f"idempotency key {key!r} was used for a different batch (ending at seq {last})",
+                seq=last,
+            )
+        return list(range(first, last + 1))
+
     def forget_tail(self) -> None:
         """The tail may have changed under this process: derive it again when needed."""
         self._tail_known = False
@@ -283,7 +305,13 @@ class WritePath:
         )
         return Written(seq, copied, tokens)
 
-    async def add_batch(self, messages: Sequence[Mapping[str, Any]], critical: bool) -> list[int]:
+    async def add_batch(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        critical: bool,
+        idempotency_key: str | None = None,
+        expected_seq: int | None = None,
+    ) -> list[int]:
         """``Session.add_messages`` up to the append: all the messages or none."""
         s = self._s
         s._ledger._check_open()
@@ -291,6 +319,8 @@ class WritePath:
             raise InvalidArgument("add_messages takes a list of messages")
         if not isinstance(critical, bool):
             raise InvalidArgument("critical must be a bool")
+        key = check_key(idempotency_key)
+        expected = check_seq(expected_seq, "expected_seq")
         copies = [validate_message(m) for m in messages]
         for m in copies:
             check_size(m, s._config.max_message_bytes)
@@ -306,15 +336,17 @@ class WritePath:
                 for m, t in zip(copies, counts, strict=True)
             ),
         ]
-        pin = s._head if synthetic else None
+        pin = s._head if synthetic and expected is None else expected
         try:
-            seqs = await self.append(payloads, pin)
+            seqs = await self.append(payloads, pin, key)
         except ConcurrencyError:
-            if not synthetic:
+            if expected is not None or not synthetic:
                 raise
             await s.refresh()
             self._tail_known = False
-            return await self.add_batch(messages, critical)
+            return await self.add_batch(messages, critical, key)
+        if len(seqs) < len(payloads):  # a retry: the key names the batch's last event
+            return await self._same_batch(seqs[-1], payloads[len(synthetic) :], key)
         tracked = None if synthetic else self._open
         for seq, m, t in zip(seqs[len(synthetic) :], copies, counts, strict=True):
             tracked = track_open_calls(tracked, _appended_item(seq, m, t, critical))

@@ -221,14 +221,22 @@ class Session:
         return seq
 
     async def add_messages(
-        self, messages: Sequence[Mapping[str, Any]], *, critical: bool = False
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        critical: bool = False,
+        idempotency_key: str | None = None,
+        expected_seq: int | None = None,
     ) -> list[int]:
         """Append several messages atomically, in one round trip: one seq each, all or none.
 
         Tool calls left open before the first message get their synthetic results in
-        the same batch (as ``add_message`` does).
+        the same batch (as ``add_message`` does). ``expected_seq`` and
+        ``idempotency_key`` cover the batch as a whole, as ``add_message``'s cover one
+        message: a retry returns the original seqs and writes nothing, and the same key
+        for other messages is an ``IdempotencyConflict``.
         """
-        seqs = await self._writes.add_batch(messages, critical)
+        seqs = await self._writes.add_batch(messages, critical, idempotency_key, expected_seq)
         if seqs:
             await self._compactor.maybe_compact()
         return seqs

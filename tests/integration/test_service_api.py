@@ -90,6 +90,32 @@ async def test_a_rejected_batch_writes_nothing(svc: Running) -> None:
     assert bad.status_code == 422 and bad.json()["code"] == "INVALID_REQUEST"
 
 
+async def test_a_batch_is_one_transaction(svc: Running) -> None:
+    # A batch the pre-check passes but the append refuses (a message over the session's
+    # size limit) writes none of its messages; a batch's Idempotency-Key and If-Match
+    # cover it whole.
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "b", "config": {"max_message_bytes": 2000}})
+    big = await c.post(
+        "/v1/sessions/b/messages", json={"messages": [user("fine"), user("x" * 5000)]}
+    )
+    assert big.status_code in (413, 422) and big.headers["content-type"] == PROBLEM
+    assert (await c.get("/v1/sessions/b")).json()["head"] == 1
+    batch = {"messages": [user("one"), {"role": "assistant", "content": "two"}]}
+    key = {"Idempotency-Key": "batch-1"}
+    first = await c.post("/v1/sessions/b/messages", json=batch, headers=key)
+    retry = await c.post("/v1/sessions/b/messages", json=batch, headers=key)
+    assert first.status_code == retry.status_code == 201
+    assert first.json()["seqs"] == retry.json()["seqs"] == [2, 3]
+    other = {"messages": [user("zero"), {"role": "assistant", "content": "two"}]}
+    reused = await c.post("/v1/sessions/b/messages", json=other, headers=key)
+    assert reused.status_code == 409 and reused.json()["code"] == "IDEMPOTENCY_CONFLICT"
+    stale = await c.post("/v1/sessions/b/messages", json=batch, headers={"If-Match": '"2"'})
+    assert stale.status_code == 409 and stale.json()["head"] == 3
+    branch = (await c.get("/v1/sessions/b/messages")).json()["messages"]
+    assert [m["content"] for m in branch] == ["one", "two"]
+
+
 async def test_sessions_are_listed_page_by_page(svc: Running) -> None:
     c = svc.client
     ids = [f"p{i}" for i in range(5)]

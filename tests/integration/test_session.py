@@ -11,6 +11,7 @@ import pytest
 from contextledger import (
     CompactionError,
     ConcurrencyError,
+    IdempotencyConflict,
     InvalidArgument,
     InvalidMessage,
     Ledger,
@@ -353,6 +354,34 @@ async def test_add_messages_closes_open_calls_in_the_same_batch(ledger: Ledger) 
     after = [e async for e in session.events()]
     assert after[-2].seq == answered[0] and after[-2].payload.origin != "synthetic"
     assert sum(1 for e in after if getattr(e.payload, "origin", None) == "synthetic") == 1
+
+
+async def test_add_messages_takes_a_key_and_an_expected_head_for_the_batch(
+    ledger: Ledger,
+) -> None:
+    """A batch's retry returns its seqs and writes nothing; the key reused for other
+    messages, an open call's synthetic result in between, or a stale head are refused
+    with nothing written."""
+    session = await ledger.session("keyed-batch")
+    batch = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    seqs = await session.add_messages(batch, idempotency_key="k", expected_seq=1)
+    assert seqs == [2, 3]
+    assert await session.add_messages(batch, idempotency_key="k") == seqs
+    for other in (
+        [{"role": "user", "content": "z"}, {"role": "assistant", "content": "b"}],
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}] * 2,
+        [{"role": "assistant", "content": "b"}, {"role": "assistant", "content": "b"}],
+    ):
+        with pytest.raises(IdempotencyConflict):
+            await session.add_messages(other, idempotency_key="k")
+    with pytest.raises(ConcurrencyError):
+        await session.add_messages(batch, expected_seq=2)
+    with pytest.raises(InvalidArgument):
+        await session.add_messages(batch, idempotency_key="")
+    with pytest.raises(InvalidArgument):
+        await session.add_messages(batch, expected_seq=-1)
+    assert [e.seq async for e in session.events()] == [1, 2, 3]
+    assert await session.add_messages(batch, idempotency_key="k2", expected_seq=3) == [4, 5]
 
 
 async def test_work_in_progress_call_at_the_tail_is_left_alone(ledger: Ledger) -> None:

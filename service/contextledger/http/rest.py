@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contextledger import Checkpoint, Event, Session, SessionInfo, VerifyReport
 from contextledger.core.messages import validate_message
+from contextledger.core.shapes import shape_of
 from contextledger.errors import ContextLedgerError, InvalidArgument, SessionExists, SessionNotFound
 from contextledger.http.auth import current_tenant
 from contextledger.http.problems import Problem
@@ -226,7 +227,10 @@ async def append_messages(
     idempotency_key: Annotated[str | None, Header(max_length=IDEMPOTENCY_KEY_MAX)] = None,
     if_match: Annotated[str | None, Header(max_length=IF_MATCH_MAX)] = None,
 ) -> JSONResponse:
-    """Append one message or a batch. A batch is checked whole before anything is written."""
+    """Append one message or a batch. A batch of OpenAI chat messages is one transaction
+    (all or nothing; ``Idempotency-Key`` and ``If-Match`` cover it whole); items of
+    another provider's shape are converted and appended one by one, the key as
+    ``<key>:<index>``. Either way a batch is checked whole before anything is written."""
     return await append(request, tenant, session_id, body, idempotency_key, if_match)
 
 
@@ -253,19 +257,25 @@ async def append(
                 raise
     expected = parse_if_match(if_match)
     session = await open_session(request, tenant, session_id)
-    seqs: list[int] = []
-    for i, message in enumerate(batch):
-        key = idempotency_key
-        if key is not None and len(batch) > 1:
-            key = f"{idempotency_key}:{i}"
-        seq = await session.add_message(
-            message,
-            critical=body.critical,
-            idempotency_key=key,
-            expected_seq=expected if i == 0 else seqs[-1],
+    if len(batch) > 1 and all(shape_of(m) == "openai" for m in batch):
+        # one transaction: a conflict or an outage mid-batch leaves nothing written
+        seqs = await session.add_messages(
+            batch, critical=body.critical, idempotency_key=idempotency_key, expected_seq=expected
         )
-        assert seq is not None
-        seqs.append(seq)
+    else:  # one message, or items of another provider's shape: converted one by one
+        seqs = []
+        for i, message in enumerate(batch):
+            key = idempotency_key
+            if key is not None and len(batch) > 1:
+                key = f"{idempotency_key}:{i}"
+            seq = await session.add_message(
+                message,
+                critical=body.critical,
+                idempotency_key=key,
+                expected_seq=expected if i == 0 else seqs[-1],
+            )
+            assert seq is not None
+            seqs.append(seq)
     request.app.state.metrics.appends.inc(len(seqs))
     return JSONResponse(  # the hot path: no response-model pass
         {"seqs": seqs, "head": session.head}, status_code=201, headers={"ETag": f'"{session.head}"'}
