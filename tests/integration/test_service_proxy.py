@@ -178,6 +178,10 @@ async def test_a_body_is_read_as_json_reads_it(svc: Running, fake: FakeLLM, pg_d
         "/v1/chat/completions", content=b'{"model": "m", "messages": [', headers=headers
     )
     assert cut.status_code == 400 and cut.json()["code"] == "INVALID_REQUEST"
+    deep = b'{"model": "m", "messages": [{"role": "user", "content": "x", "n": ' + b"[" * 5000
+    deep += b"]" * 5000 + b"}]}"
+    nested = await svc.client.post("/v1/chat/completions", content=deep, headers=headers)
+    assert nested.status_code == 400 and nested.json()["code"] == "INVALID_REQUEST"
     body = b'{"model": "m", "temperature": NaN, "messages": [{"role": "user", "content": "hi"}]}'
     answered = await svc.client.post("/v1/chat/completions", content=body, headers=headers)
     assert answered.status_code == 200, answered.text

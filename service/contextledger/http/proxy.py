@@ -286,7 +286,7 @@ async def chat_completions(request: Request) -> Response:
     tenant = await tenant_for(request, bearer_is_ours=not settings.pass_client_key)
     try:
         body = loads(await request.body())
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parsers' depth: not a 500
         raise Problem(400, "INVALID_REQUEST", "the body is not JSON") from None
     if not isinstance(body, dict):
         raise Problem(422, "INVALID_REQUEST", "the body must be a JSON object")

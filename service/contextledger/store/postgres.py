@@ -1266,6 +1266,8 @@ class PostgresStore(Store):
         limit: int,
         text_config: str,
     ) -> list[tuple[int, float]]:
+        # The statement of ``search_messages`` (what requests use): the messages it reads
+        # by key for the top matches are dropped here.
         rows = await self._search(session_id, query, exclude, upto_seq, branch, limit, text_config)
         return [(r[0], float(r[1])) for r in rows]
 
