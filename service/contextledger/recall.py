@@ -213,8 +213,23 @@ async def with_recall(
     branch: Collection[int] | None,
 ) -> Sequence[ViewItem]:
     """``view`` with the recall block of what it left out, announced on the hook bus."""
+    block = await recall_block(session, view, room, cfg, upto_seq=upto_seq, branch=branch)
+    return view if block.empty else place_recall(view, block)
+
+
+async def recall_block(
+    session: RecallingSession,
+    view: Sequence[ViewItem],
+    room: int,
+    cfg: ContextConfig,
+    *,
+    upto_seq: int,
+    branch: Collection[int] | None,
+) -> RecallBlock:
+    """The recall block for ``view`` (``with_recall`` without placing it), announced on
+    the hook bus when not empty."""
     if not room:
-        return view
+        return RecallBlock(None, (), 0, "")
     block = await recall_for_request(
         session._store,
         session.session_id,
@@ -226,9 +241,8 @@ async def with_recall(
         branch=branch,
         api_key=embedding_key(session, cfg),
     )
-    if block.empty:
-        return view
-    await session.hooks.emit(
-        hk.INCLUDE, {"source": "recall", "seqs": list(block.seqs), "tokens": block.tokens}
-    )
-    return place_recall(view, block)
+    if not block.empty:
+        await session.hooks.emit(
+            hk.INCLUDE, {"source": "recall", "seqs": list(block.seqs), "tokens": block.tokens}
+        )
+    return block

@@ -11,6 +11,7 @@ folded state with the same pure steps, so ``request_at`` gives it back exactly.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -22,17 +23,20 @@ from contextledger.core.compaction.finish import (
     FinishCache,
     bridge_cost,
     bridge_reserve,
+    finish_marked,
     finish_request_view,
+    splice_safe,
 )
 from contextledger.core.config import ContextConfig
 from contextledger.core.events import CheckpointCreated, MessageAppended, Payload
 from contextledger.core.projection import ViewState, message_item
+from contextledger.core.recall import block_item, latest_turn
 from contextledger.core.tokens import TokenCounter
 from contextledger.core.view import ViewItem
 from contextledger.errors import CompactionError
 from contextledger.hooks import HookBus
 from contextledger.protocols import LedgerHandle
-from contextledger.recall import reserve_for, with_recall
+from contextledger.recall import recall_block, reserve_for, with_recall
 from contextledger.store.base import AppendResult, Store
 
 __all__ = ["RequestPath", "RequestingSession", "target_model"]
@@ -157,12 +161,28 @@ class RequestPath:
         self._seen_passes = planner.passes
         s._compactor.summarize_in_background(planner)
         self.request_seq = self._planned
-        # 3. recall what the view left out, just before the latest turn
-        sent = await with_recall(s, items, recall_room, cfg, upto_seq=s._head, branch=None)
-        # 4. finish for the provider
-        return finish_request_view(
-            sent, target_model=target_model(provider, s.model), cache=self._finished
+        # 3. recall what the view left out, just before the latest turn, and 4. finish for
+        # the provider: the search's statement goes out first, and the view is finished
+        # while the server works (0.3 ms of a ~2 ms request at 800 items)
+        model = target_model(provider, s.model)
+        at = latest_turn(items) if recall_room else None
+        if at is None or not splice_safe(items, at):
+            sent = await with_recall(s, items, recall_room, cfg, upto_seq=s._head, branch=None)
+            return finish_request_view(sent, target_model=model, cache=self._finished)
+        search = asyncio.ensure_future(
+            recall_block(s, items, recall_room, cfg, upto_seq=s._head, branch=None)
         )
+        await asyncio.sleep(0)  # the search runs up to its first wait: the statement is sent
+        try:
+            out, cut = finish_marked(items, at, target_model=model, cache=self._finished)
+        except BaseException:
+            search.cancel()
+            raise
+        block = await search
+        if block.message is not None:
+            item = block_item(items[at], block.message, block)
+            out[cut:cut] = finish_request_view([item], target_model=model)
+        return out
 
     async def _announce_pass(self, planner: RequestPlanner, items: Sequence[ViewItem]) -> None:
         tokens = planner.tokens

@@ -247,13 +247,16 @@ def place(view: Sequence[ViewItem], block: RecallBlock) -> tuple[ViewItem, ...]:
     at = latest_turn(view)
     if at is None:
         return tuple(view)
-    anchor = view[at]
-    item = ViewItem(
-        ref=(-anchor.seq, -1),
-        ord=anchor.ord - ORD_STRIDE // 4,
-        message=block.message,
+    return (*view[:at], block_item(view[at], block.message, block), *view[at:])
+
+
+def block_item(turn: ViewItem, message: Mapping[str, Any], block: RecallBlock) -> ViewItem:
+    """The recall block as the view item ``place`` puts right before ``turn``."""
+    return ViewItem(
+        ref=(-turn.seq, -1),
+        ord=turn.ord - ORD_STRIDE // 4,
+        message=message,
         tokens=block.tokens,
         kind="ephemeral",
         meta={"recall": list(block.seqs)},
     )
-    return (*view[:at], item, *view[at:])

@@ -278,7 +278,8 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
 ), sample AS MATERIALIZED (
     SELECT d.v FROM ({{docs_sample}}) d ORDER BY d.seq DESC LIMIT {SAMPLE}
 ), df AS MATERIALIZED (
-    SELECT lq.l, lq.q, (SELECT count(*) FROM sample WHERE sample.v @@ lq.q) AS n FROM lq
+    SELECT lq.l, lq.q, (SELECT count(*) FROM (
+        SELECT FROM sample WHERE sample.v @@ lq.q LIMIT {SAMPLE // 2}) s) AS n FROM lq
 ), rare AS MATERIALIZED (
     SELECT l, q FROM (SELECT l, q, n, row_number() OVER (ORDER BY n, l) AS r FROM df) d
      WHERE n <= greatest(8, (SELECT count(*) FROM sample) / 4)
@@ -371,7 +372,9 @@ def search_sql(
         return _SEARCH.format(
             head=head,
             on_branch=on_branch,
-            docs_sample=docs(f"{S}.event_search", _IN_SAMPLE),
+            docs_sample=f"(SELECT e.seq, e.search AS v FROM {S}.event_search e"
+            f" WHERE {_IN_SAMPLE} ORDER BY e.seq DESC LIMIT {SAMPLE})"
+            f" UNION ALL SELECT e.seq, e.search FROM fresh e WHERE {_IN_SAMPLE}",
             # a role without EXECUTE on session_matches reads the table (RLS applies)
             docs_match=docs(_STORED_MATCHES if definer else f"{S}.event_search", match),
         )

@@ -89,6 +89,21 @@ def _finished(
 def finish_request_view(
     items: Sequence[ViewItem], *, target_model: str | None, cache: FinishCache | None = None
 ) -> list[dict[str, Any]]:
+    """The messages to send for ``items``, finished for ``target_model``."""
+    return finish_marked(items, -1, target_model=target_model, cache=cache)[0]
+
+
+def finish_marked(
+    items: Sequence[ViewItem],
+    mark: int,
+    *,
+    target_model: str | None,
+    cache: FinishCache | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """``finish_request_view`` and where item ``mark`` begins in its output: an item put
+    before it (not a summary) finishes alone and goes there, unless ``items[mark - 1]`` is a
+    summary (whose bridge looks at its next item). The request path finishes the view this
+    way while recall's search is out, then puts the recall block in (``splice_safe``)."""
     reasoning = needs_reasoning_block(target_model or "")
     strip = not is_anthropic(target_model)
     if cache is not None and len(cache) > len(items) + len(items) // 4 + 64:
@@ -101,7 +116,10 @@ def finish_request_view(
     append = out.append
     last = len(items) - 1
     seen = cache.get if cache is not None else None
+    cut = -1
     for n, item in enumerate(items):
+        if n == mark:
+            cut = len(out)
         if item.kind != "summary":  # the common case: no bridge to look for
             hit = seen((item.ref, item.kind, target_model)) if seen is not None else None
             if hit is not None and hit[0] is item.message:  # _finish_one's hit, inlined
@@ -121,7 +139,12 @@ def finish_request_view(
             append(message)
         if bridge_role and n < last and items[n + 1].message.get("role") == role:
             append({"role": bridge_role, "content": BRIDGES[bridge_role]})
-    return out
+    return out, len(out) if cut < 0 else cut
+
+
+def splice_safe(items: Sequence[ViewItem], at: int) -> bool:
+    """Whether an item put before ``items[at]`` may be finished apart (``finish_marked``)."""
+    return 0 <= at < len(items) and (at == 0 or items[at - 1].kind != "summary")
 
 
 DEFAULT_REASONING = "Let me analyze the context and continue from this summary."

@@ -12,11 +12,15 @@ from hypothesis import strategies as st
 from contextledger.core.compaction.finish import (
     FinishCache,
     add_reasoning_block,
+    finish_marked,
     finish_request_view,
     needs_reasoning_block,
+    splice_safe,
     strip_signed_thinking,
 )
+from contextledger.core.recall import RecallBlock, block_item, latest_turn, place
 from contextledger.core.view import ViewItem
+from tests.unit.strategies import conversations
 
 
 @pytest.mark.parametrize(
@@ -105,3 +109,46 @@ def test_the_finish_cache_holds_what_requests_carry_not_history(
             finish_request_view(items, target_model="gpt-4o")
         )
         assert len(cache) <= len(items) + len(items) // 4 + 64 + window
+
+
+@given(
+    view=conversations(),
+    model=st.sampled_from(["gpt-4o", "claude-sonnet-4-5", "deepseek-r1", None]),
+    role=st.sampled_from(["user", "assistant"]),
+)
+def test_a_block_finished_apart_lands_where_finishing_the_placed_view_puts_it(
+    view: tuple[ViewItem, ...], model: str | None, role: str
+) -> None:
+    # The request path finishes the view while recall's search is out, then splices the
+    # block in: the same messages as finishing the view with the block placed, whenever
+    # ``splice_safe`` allows it (the one case it refuses is checked to differ below).
+    at = latest_turn(view)
+    if at is None:
+        return
+    block = RecallBlock({"role": role, "content": "recalled: port 8443"}, (3,), 7, "q")
+    whole = finish_request_view(place(view, block), target_model=model)
+    cache: FinishCache = {}
+    for _ in range(2):  # cold and warm cache
+        out, cut = finish_marked(view, at, target_model=model, cache=cache)
+        assert out == finish_request_view(view, target_model=model)
+        out[cut:cut] = finish_request_view(
+            [block_item(view[at], block.message or {}, block)], target_model=model
+        )
+        if splice_safe(view, at):
+            assert out == whole
+
+
+def test_splicing_after_a_summary_would_lose_its_bridge() -> None:
+    # Why ``splice_safe`` refuses a summary right before the latest turn: finishing the
+    # summary looks at its next item, which the block changes.
+    summary = ViewItem((1, 0), 8, {"role": "user", "content": "Summary: …"}, 5, kind="summary")
+    turn = ViewItem((2, 0), 16, {"role": "user", "content": "and the port?"}, 4)
+    view = (summary, turn)
+    block = RecallBlock({"role": "assistant", "content": "recalled"}, (1,), 3, "q")
+    whole = finish_request_view(place(view, block), target_model="gpt-4o")
+    out, cut = finish_marked(view, 1, target_model="gpt-4o")
+    out[cut:cut] = finish_request_view(
+        [block_item(turn, block.message or {}, block)], target_model="gpt-4o"
+    )
+    assert not splice_safe(view, 1)
+    assert out != whole
