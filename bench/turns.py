@@ -5,7 +5,9 @@ request (``get_messages_for_request``). Each configuration runs ONE session for
 real, turn after turn, up to the longest length; the figure at a length L is the
 median (and p95) of the ``--window`` turns ending at L. The raw floor (2 INSERTs +
 SELECT last 50 on a plain table, asyncpg) runs the same turns in the same run on
-the same server.
+the same server; so does a second floor that reads, each turn, as many rows as the
+no-config request carried then (the model's window holds ~800 messages at length,
+not 50: what serving that much costs without us).
 
 Printed per store (embedded PostgreSQL, ``memory://``) and configuration (no
 config; each strategy with a per-request ``token_budget``; the tuned path of the
@@ -141,6 +143,8 @@ class Result:
     fill: list[float] = field(default_factory=list)
     bytes_per_event: float | None = None
     stopped: str = ""
+    #: messages each request carried, turn by turn (the same-rows floor reads as many)
+    carried: list[int] = field(default_factory=list)
 
 
 async def run_session(
@@ -168,6 +172,7 @@ async def run_session(
         view = await session.get_messages_for_request(token_budget)
         elapsed = time.perf_counter() - start
         times.append(elapsed)
+        result.carried.append(len(view))
         spent += elapsed
         history += session.counter.count_message(user) + session.counter.count_message(assistant)
         if n > longest // 2 and history > budget:
@@ -185,32 +190,39 @@ async def run_session(
     return result, session
 
 
-async def raw_floor(dsn: str, lengths: list[int], window: int) -> dict[int, float]:
+async def raw_floor(
+    dsn: str, lengths: list[int], window: int, rows_per_turn: list[int] | None = None
+) -> dict[int, float]:
+    """The floor: 2 INSERTs + SELECT the last 50 (``rows_per_turn``: the last as many rows
+    as our request carried at that turn, on a table of its own)."""
+    table = "bench_raw" if rows_per_turn is None else "bench_raw_same"
+    turns = max(lengths) if rows_per_turn is None else min(max(lengths), len(rows_per_turn))
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(
-            "CREATE TABLE IF NOT EXISTS bench_raw (id bigserial PRIMARY KEY, session_id text"
+            f"CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, session_id text"
             " NOT NULL, role text NOT NULL, content jsonb NOT NULL)"
         )
         await conn.execute(
-            "CREATE INDEX IF NOT EXISTS bench_raw_session ON bench_raw (session_id, id)"
+            f"CREATE INDEX IF NOT EXISTS {table}_session ON {table} (session_id, id)"
         )
-        insert = "INSERT INTO bench_raw (session_id, role, content) VALUES ($1, $2, $3::jsonb)"
+        insert = f"INSERT INTO {table} (session_id, role, content) VALUES ($1, $2, $3::jsonb)"
         select = (
-            "SELECT role, content::text FROM bench_raw WHERE session_id = $1"
-            " ORDER BY id DESC LIMIT 50"
+            f"SELECT role, content::text FROM {table} WHERE session_id = $1"
+            " ORDER BY id DESC LIMIT $2"
         )
         import json
 
         times: list[float] = []
         out: dict[int, float] = {}
-        for n, (user, assistant) in enumerate(messages(max(lengths)), start=1):
+        for n, (user, assistant) in enumerate(messages(turns), start=1):
             if analyze_due(n):
-                await conn.execute("ANALYZE bench_raw")
+                await conn.execute(f"ANALYZE {table}")
+            limit = 50 if rows_per_turn is None else rows_per_turn[n - 1]
             start = time.perf_counter()
             await conn.execute(insert, "raw", "user", json.dumps(user))
             await conn.execute(insert, "raw", "assistant", json.dumps(assistant))
-            rows = await conn.fetch(select, "raw")
+            rows = await conn.fetch(select, "raw", limit)
             [json.loads(r[1]) for r in reversed(rows)]
             times.append(time.perf_counter() - start)
             if n in lengths:
@@ -245,6 +257,7 @@ def table(
     results: dict[str, Result],
     floor: dict[int, float],
     lengths: list[int],
+    same: dict[int, float] | None = None,
 ) -> str:
     lines = [f"### {store}", ""]
     head = "| ms per turn (median) | " + " | ".join(f"@{n:,}" for n in lengths)
@@ -256,6 +269,11 @@ def table(
     first, last = lengths[0], lengths[-1]
     growth = f"{floor[last] / floor[first]:.2f}" if first in floor and last in floor else "—"
     lines.append(floor_row + f" | {growth} | | | |")
+    if same:
+        row = "| raw floor serving the no-config request's rows (2 INSERTs + SELECT last K) | "
+        row += " | ".join(f"{same[n]:.2f}" if n in same else "—" for n in lengths)
+        g = f"{same[last] / same[first]:.2f}" if first in same and last in same else "—"
+        lines.append(row + f" | {g} | | | |")
     for name, r in results.items():
         cells = []
         for n in lengths:
@@ -264,6 +282,8 @@ def table(
                 continue
             med = r.ms[n][0]
             ratio = f" ({med / floor[n]:.1f}x)" if n in floor else ""
+            if name == "none" and same and n in same:
+                ratio = ratio[:-1] + f"; {med / same[n]:.1f}x K)"
             cells.append(f"{med:.2f}{ratio}")
         g = f"{r.ms[last][0] / r.ms[first][0]:.2f}" if first in r.ms and last in r.ms else "—"
         fill = f"{min(r.fill):.2f} / {statistics.mean(r.fill):.2f}" if r.fill else "—"
@@ -277,9 +297,7 @@ def table(
     return "\n".join(lines)
 
 
-async def bench_store(
-    store: str, dsn: str | None, args: argparse.Namespace, floor: dict[int, float]
-) -> str:
+async def bench_store(store: str, dsn: str | None, args: argparse.Namespace) -> dict[str, Result]:
     url = "memory://" if store == "memory" else dsn
     results: dict[str, Result] = {}
     async with Ledger.open(url, migrate=store != "memory") as ledger:
@@ -300,7 +318,7 @@ async def bench_store(
             if store != "memory" and dsn is not None:
                 result.bytes_per_event = await db_bytes_per_event(dsn, f"bench-{name}")
             results[name] = result
-    return table(store, results, floor, args.lengths)
+    return results
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -309,14 +327,23 @@ async def main_async(args: argparse.Namespace) -> None:
     with embedded_server() as dsn:
         print("raw floor...", file=sys.stderr)
         floor = await raw_floor(dsn, args.lengths, args.window)
-        out = []
+        runs = {}
         for store in args.stores:
             print(f"store {store}...", file=sys.stderr)
-            out.append(await bench_store(store, dsn, args, floor))
+            runs[store] = await bench_store(store, dsn, args)
+        # The no-config request carries the model's window (~800 messages at length), not
+        # 50: the same rows read raw say what serving that much costs at the floor.
+        same: dict[int, float] | None = None
+        carried = next((r["none"].carried for r in runs.values() if "none" in r), None)
+        if carried:
+            print("raw floor, same rows...", file=sys.stderr)
+            same = await raw_floor(dsn, args.lengths, args.window, carried)
+        out = [table(st, res, floor, args.lengths, same) for st, res in runs.items()]
     print(
         f"\nbench/turns.py: model {MODEL}, strategies with token_budget {STRATEGY_BUDGET}, "
         f"median of the {args.window} turns ending at each length; "
-        "(nx) = ratio to the raw floor at that length\n"
+        "(nx) = ratio to the raw floor at that length (no config: also to the same-rows"
+        " floor, K)\n"
     )
     print("\n\n".join(out))
 
