@@ -11,7 +11,7 @@ from bisect import bisect_right
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contextledger.core.chain import GENESIS_HASH, make_event
 from contextledger.core.events import (
@@ -39,20 +39,31 @@ from contextledger.errors import (
 )
 from contextledger.store.base import AppendResult, Checkpoint, RebuildReport, SessionInfo, Store
 
+if TYPE_CHECKING:
+    from contextledger.store.lexical import Lexer
+
 
 @dataclass
 class _Postings:
     """Lexemes of a session's messages and, per lexeme, the seqs holding it (ascending)."""
 
+    text_config: str
     upto: int = 0
     lexemes: dict[int, list[str]] = field(default_factory=dict)
     sets: dict[int, frozenset[str]] = field(default_factory=dict)
     postings: dict[str, list[int]] = field(default_factory=dict)
+    _lexer: Lexer | None = field(default=None, repr=False, compare=False)
 
-    def add(self, seq: int, text: str, text_config: str) -> None:
-        from contextledger.store import lexical
+    def lex(self, text: str) -> list[str]:
+        """``lexical.tokenize`` with this index's vocabulary (each word stemmed once)."""
+        if self._lexer is None:
+            from contextledger.store.lexical import Lexer
 
-        self.lexemes[seq] = lexical.tokenize(text, text_config)
+            self._lexer = Lexer(self.text_config)
+        return self._lexer(text)
+
+    def add(self, seq: int, text: str) -> None:
+        self.lexemes[seq] = self.lex(text)
         self.sets[seq] = frozenset(self.lexemes[seq])
         for term in self.sets[seq]:
             self.postings.setdefault(term, []).append(seq)
@@ -100,10 +111,12 @@ class _Stream:
     def indexed(self, text_config: str, upto_seq: int) -> _Postings:
         """Recall's index for ``text_config``, extended to the events up to ``upto_seq``
         (each message tokenized once, when a search first needs it)."""
-        index = self.search.setdefault(text_config, _Postings())
+        index = self.search.get(text_config)
+        if index is None:
+            index = self.search[text_config] = _Postings(text_config)
         for event in self.events[index.upto : max(index.upto, upto_seq)]:
             if isinstance(event.payload, MessageAppended):
-                index.add(event.seq, message_text(event.payload.message), text_config)
+                index.add(event.seq, message_text(event.payload.message))
             index.upto = event.seq
         return index
 
@@ -301,7 +314,7 @@ class MemoryStore(Store):
         index = stream.indexed(text_config, upto_seq)
         recent = range(upto_seq, max(0, upto_seq - 2 * lexical.SAMPLE), -1)
         sample = [index.sets[s] for s in recent if s in index.sets][: lexical.SAMPLE]
-        terms = lexical.rare_terms(lexical.tokenize(query, text_config), sample)
+        terms = lexical.rare_terms(index.lex(query), sample)
         allowed, skip = self._allowed(stream, branch), set(exclude)
 
         def keep(seq: int) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contextledger.store import lexical
 
@@ -47,3 +49,59 @@ def test_a_long_turn_is_searched_by_its_longest_lexemes() -> None:
     # 'a1' would sort first, but only the 64 longest lexemes are looked at
     assert "a1" not in kept and len(kept) == lexical.MAX_LEXEMES
     assert lexical.rare_terms(["a1", "longword"], []) == ["a1", "longword"]
+
+
+_WORDS = [
+    "The",
+    "running",
+    "runners",
+    "ran",
+    "quickly",
+    "to",
+    "config.py",
+    "parse_args",
+    "userId",
+    "42",
+    "a",
+    "of",
+    "Über",
+    "naïve",
+    "café",
+    "migrations",
+    "migrating",
+    "migrated",
+    "I'm",
+    "don't",
+    "__init__",
+    "résumé",
+    "日本語",
+    "x",
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    texts=st.lists(
+        st.lists(st.sampled_from(_WORDS) | st.text(max_size=8), max_size=20).map(" ".join),
+        min_size=1,
+        max_size=12,
+    ),
+    config=st.sampled_from(["english", "simple", "pg_catalog.english", "german"]),
+)
+def test_a_session_lexer_gives_what_the_one_shot_tokenizer_gives(
+    texts: list[str], config: str
+) -> None:
+    # the vocabulary a Lexer keeps between messages never changes a message's lexemes
+    import bm25s
+
+    lexer = lexical.Lexer(config)
+    stop = "en" if config.endswith("english") else None
+    for text in texts:
+        once = bm25s.tokenize(
+            [text.replace("_", " ")],
+            stopwords=stop,
+            stemmer=lexical._stemmer(config),
+            show_progress=False,
+            return_ids=False,
+        )[0]
+        assert lexer(text) == once == lexical.tokenize(text, config)
