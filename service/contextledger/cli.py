@@ -153,7 +153,7 @@ def main(
     from contextledger.log_setup import configure_logging
 
     configure_logging(log_format, level="WARNING")  # type: ignore[arg-type]
-    ctx.obj = {"dsn": dsn, "home": home, "tenant": tenant}
+    ctx.obj = {"dsn": dsn, "home": home, "tenant": tenant, "log_format": log_format}
 
 
 @main.command(context_settings=CONTEXT)
@@ -585,24 +585,67 @@ async def keys_revoke(ctx: click.Context, key_id: str) -> None:
     console.print(f"revoked {key_id}")
 
 
+#: ``serve``'s flags spelled out with their own help; every other field of the service's
+#: ``Settings`` gets ``--<name>`` too (``_settings_flags``), parsed as its variable is.
+_SERVE_FLAGS: dict[str, str] = {
+    "host": "Bind address (default 127.0.0.1; beyond loopback only once an API key exists).",
+    "port": "Port (default 8765).",
+    "upstream_api_base": "Where the proxy forwards (an OpenAI-compatible base URL).",
+    "upstream_api_key": "The proxy's key for the upstream.",
+    "proxy_token_budget": "Token budget of the request views the proxy sends.",
+    "service_role": "Database role of tenant connections.",
+    "pool_size": "Database connections per tenant (default 4).",
+    "migrate": "Apply the migrations at start (default on).",
+    "model_map": "JSON object: client model -> litellm model.",
+    "upstream_provider": "litellm provider of an OpenAI-compatible base (hosted_vllm).",
+    "upstream_relay": "Relay OpenAI-compatible requests without litellm (default on).",
+    "fallbacks": "litellm models tried in order when the upstream fails.",
+    "pass_client_key": "Forward the client's own bearer key to the upstream.",
+    "upstream_timeout": "Seconds to wait for the upstream (600).",
+    "upstream_retries": "Retries of a failed upstream call (0).",
+    "key_cache_seconds": "Seconds a verified API key is trusted before re-reading (5).",
+}
+#: Settings that are not ``serve`` flags: the target comes from ``--dsn``/``--home``, the
+#: logging from ``--log-format`` (before or after the command).
+_NOT_FLAGS = frozenset({"dsn", "home", "log_format"})
+
+
+def _settings_flags(fn: F) -> F:
+    """A flag per service setting: ``--model-map '{"gpt-4o": "…"}'``, ``--fallbacks a,b``,
+    ``--pass-client-key true`` … each parsed exactly as its ``CONTEXTLEDGER_<NAME>``."""
+    from dataclasses import fields
+
+    from contextledger.http.settings import ENV_PREFIX, Settings
+
+    for f in reversed(fields(Settings)):
+        if f.name in _NOT_FLAGS:
+            continue
+        env = ENV_PREFIX + f.name.upper()
+        help_text = _SERVE_FLAGS.get(f.name, "")
+        flag = f.name.replace("_", "-")
+        decls = [f"--{flag}/--no-{flag}" if str(f.type) == "bool" else f"--{flag}", f.name]
+        meta = None if str(f.type) == "bool" else "VALUE"
+        fn = click.option(*decls, default=None, metavar=meta, help=f"{help_text} [env: {env}]")(fn)
+    return fn
+
+
 @main.command()
-@click.option("--host", default=None, help="Bind address (default 127.0.0.1; CONTEXTLEDGER_HOST).")
-@click.option("--port", type=int, default=None, help="Port (default 8765; CONTEXTLEDGER_PORT).")
-@click.option("--upstream-api-base", default=None, help="Where the proxy forwards.")
-@click.option("--upstream-api-key", default=None, help="The proxy's key for the upstream.")
+@target_options
 @click.option(
-    "--pass-client-key/--no-pass-client-key",
+    "--log-format",
+    type=click.Choice(["console", "json"]),
     default=None,
-    help="Forward the client's own bearer key to the upstream.",
+    help="Log rendering (default: console in a terminal, JSON otherwise).",
 )
-@click.option("--proxy-token-budget", type=int, default=None, help="Budget of proxied requests.")
-@click.option("--service-role", default=None, help="Database role of tenant connections.")
+@_settings_flags
 @click.pass_context
-def serve(ctx: click.Context, /, **flags: Any) -> None:
-    """Run the HTTP service: REST API, OpenAI-compatible proxy, audit page, /metrics."""
+def serve(ctx: click.Context, /, log_format: str | None, **flags: str | bool | None) -> None:
+    """Run the HTTP service: REST API, OpenAI-compatible proxy, audit page, /metrics.
+
+    Every setting is a flag or a ``CONTEXTLEDGER_*`` variable (the flag wins)."""
     try:
         from contextledger.http.server import run as run_server
-        from contextledger.http.settings import Settings
+        from contextledger.http.settings import Settings, parse_setting
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise click.UsageError(
             f"the service needs the 'service' extra: pip install 'contextledger[service]' ({exc})"
@@ -611,16 +654,20 @@ def serve(ctx: click.Context, /, **flags: Any) -> None:
 
     obj = ctx.obj
     try:
-        settings = Settings.from_env(dsn=obj["dsn"], home=obj["home"], **flags)
+        given: dict[str, Any] = {
+            k: parse_setting(k, v) if isinstance(v, str) else v
+            for k, v in flags.items()
+            if v is not None
+        }
+        log_format = log_format or obj.get("log_format")
+        settings = Settings.from_env(
+            dsn=obj["dsn"], home=obj["home"], log_format=log_format, **given
+        )
         configure_logging(settings.log_format, level="INFO")  # type: ignore[arg-type]
         run_server(settings)
     except ContextLedgerError as exc:
         err_console.print(f"[red]{exc}[/red]")
         sys.exit(2)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
 
 
 @main.command()
@@ -635,3 +682,7 @@ async def anchor(ctx: click.Context, session_id: str) -> None:
     click.echo(
         json.dumps({"session_id": session_id, "seq": pin.seq, "hash": pin.hash, "anchor": str(pin)})
     )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

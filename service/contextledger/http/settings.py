@@ -62,13 +62,21 @@ class Settings:
         for f in fields(cls):
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is not None:
-                values[f.name] = _parse(f.name, str(f.type), raw)
+                values[f.name] = parse_setting(f.name, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
 
     @property
     def local_only(self) -> bool:
         return self.host in LOOPBACK
+
+
+def parse_setting(name: str, raw: str) -> Any:
+    """``raw`` (a variable's or a flag's text) as setting ``name`` takes it."""
+    kinds = {f.name: str(f.type) for f in fields(Settings)}
+    if name not in kinds:
+        raise ConfigError(f"unknown setting {name!r}", key=name)
+    return _parse(name, kinds[name], raw)
 
 
 def _parse(name: str, kind: str, raw: str) -> Any:

@@ -1,0 +1,129 @@
+"""``contextledger serve`` as deployed: its own process, flags after the command, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncpg
+import httpx
+
+from contextledger import Ledger
+from contextledger.store.dsn import asyncpg_dsn
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTLEDGER_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "contextledger.cli", "serve", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+    )
+
+
+async def _ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    async with httpx.AsyncClient() as c:
+        for _ in range(600):
+            if proc.poll() is not None:
+                raise AssertionError(f"serve exited {proc.returncode}: {_tail(log)}")
+            try:
+                if (await c.get(url + "/readyz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError("serve did not get ready")
+
+
+def _tail(log: Path) -> str:
+    return log.read_text()[-2000:]
+
+
+def _user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+async def test_serve_takes_its_flags_after_the_command_and_drains_on_sigterm(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    port, log = _free_port(), tmp_path / "serve.log"
+    proc = _serve(
+        "--dsn", pg_dsn, "--port", str(port), "--log-format", "console", "--no-migrate", log=log
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await _ready(url, proc, log)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            assert (await c.post("/v1/sessions", json={"session_id": "p"})).status_code == 201
+            await c.post("/v1/sessions/p/messages", json={"message": _user("warm")})
+            blocker = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.execute(
+                "SELECT 1 FROM contextledger.sessions WHERE session_id = 'p' FOR UPDATE"
+            )
+            sends = [
+                asyncio.create_task(
+                    c.post("/v1/sessions/p/messages", json={"message": _user(str(i))})
+                )
+                for i in range(4)
+            ]
+            for _ in range(500):  # until the appends wait on the row lock
+                waiting = await blocker.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database()"
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.01)
+            assert waiting
+            await asyncio.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)  # shutdown starts with the appends in flight
+            await asyncio.sleep(0.3)
+            assert proc.poll() is None  # still draining
+            await tx.commit()
+            await blocker.close()
+            answers = await asyncio.gather(*sends)
+        assert [r.status_code for r in answers] == [201] * 4
+        # uvicorn re-raises the signal it caught once drained: "terminated by SIGTERM"
+        assert await asyncio.to_thread(proc.wait, 30) in (0, -signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await ledger.session("p", create=False)
+        assert len(await session.get_messages()) == 5
+    text = await asyncio.to_thread(log.read_text)
+    lines = [ln for ln in text.splitlines() if "request" in ln and "/v1/sessions" in ln]
+    assert lines, text[-2000:]
+    for line in lines:  # --log-format console after the command: no JSON lines
+        try:
+            json.loads(line)
+        except ValueError:
+            continue
+        raise AssertionError(f"a JSON log line: {line}")
+
+
+def test_a_bad_flag_value_is_a_clear_error_and_nothing_starts(pg_dsn: str, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    proc = _serve("--dsn", pg_dsn, "--pool-size", "many", "--no-migrate", log=log)
+    assert proc.wait(60) == 2
+    assert "CONTEXTLEDGER_POOL_SIZE" in log.read_text()
+    # a flag reaches the local-mode guard: beyond loopback without any API key, refused
+    proc = _serve("--dsn", pg_dsn, "--host", "0.0.0.0", "--no-migrate", log=log)
+    assert proc.wait(60) == 2
+    assert "127.0.0.1" in log.read_text()
