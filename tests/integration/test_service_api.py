@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -220,6 +221,40 @@ async def test_ops_endpoints_and_metrics(svc: Running) -> None:
     assert 'contextledger_compactions_total{ephemeral="False",strategy="truncate"} 1.0' in text
     assert 'contextledger_pool_connections{tenant="local"}' in text
     assert "contextledger_recall_hits_total 0.0" in text
+    assert "contextledger_summaries_total 0.0" in text
+
+
+async def test_recall_and_summaries_are_counted(svc: Running) -> None:
+    c = svc.client
+    config = {"compaction_strategy": "summarize", "summarizer": {"offline_fallback": True}}
+    await c.post("/v1/sessions", json={"session_id": "rm", "config": config})
+    fact = "The vault listens on port 8443 behind the zebraquartz gateway."
+    batch = [user(fact)] + [user(f"filler {i} " + "lorem ipsum dolor " * 30) for i in range(40)]
+    assert (await c.post("/v1/sessions/rm/messages", json={"messages": batch})).status_code == 201
+    await c.post(
+        "/v1/sessions/rm/messages", json={"message": user("Which port is zebraquartz on?")}
+    )
+    view = await c.get("/v1/sessions/rm/context", params={"token_budget": 1500})
+    assert view.status_code == 200, view.text
+    assert "8443" in json.dumps(view.json()["messages"])  # recall brought the fact back
+    summarized = await c.post("/v1/sessions/rm/compact", json={"token_budget": 600})
+    assert summarized.status_code == 200, summarized.text
+    text = (await c.get("/metrics")).text
+    assert "contextledger_recall_hits_total 1.0" in text
+    assert "contextledger_recalled_messages_total 1.0" in text
+
+    async def recorded() -> int:
+        page = await c.get("/v1/sessions/rm/events", params={"limit": 500})
+        return sum(1 for e in page.json()["items"] if e["type"] == "summary.recorded")
+
+    while True:  # a background summary may land meanwhile: read until the ledger holds still
+        before = await recorded()
+        text = (await c.get("/metrics")).text
+        if await recorded() == before:
+            break
+    summaries = re.search(r"^contextledger_summaries_total (\S+)$", text, re.M)
+    assert summaries is not None and before >= 1
+    assert float(summaries.group(1)) == before  # each summary in the ledger was counted
 
 
 async def test_access_log_has_no_bodies_or_keys(svc: Running) -> None:

@@ -16,9 +16,6 @@ from prometheus_client.registry import Collector
 from contextledger import Session
 from contextledger import hooks as hk
 
-#: Recall is announced on this hook once it exists; the counter is there from day one.
-RECALL_HOOK = "context:recall"
-
 
 class _Pools(Collector):
     def __init__(self, stats: Callable[[], dict[str, tuple[int, int]]]) -> None:
@@ -60,7 +57,12 @@ class Metrics:
             "contextledger_compactions", "Compactions", ["strategy", "ephemeral"], registry=r
         )
         self.summaries = Counter("contextledger_summaries", "Summarizations", registry=r)
-        self.recall_hits = Counter("contextledger_recall_hits", "Recall hits", registry=r)
+        self.recall_hits = Counter(
+            "contextledger_recall_hits", "Request views that carried a recall block", registry=r
+        )
+        self.recalled = Counter(
+            "contextledger_recalled_messages", "Messages brought back by recall", registry=r
+        )
         self.proxy_tokens = Counter(
             "contextledger_proxy_tokens", "Tokens reported by the upstream", ["kind"], registry=r
         )
@@ -77,12 +79,14 @@ class Metrics:
         async def summarized(event: str, data: dict[str, Any]) -> None:
             self.summaries.inc()
 
-        async def recalled(event: str, data: dict[str, Any]) -> None:
-            self.recall_hits.inc(int(data.get("hits", 1)))
+        async def included(event: str, data: dict[str, Any]) -> None:
+            if data.get("source") == "recall":  # recall's block (recall.py), not a user's
+                self.recall_hits.inc()
+                self.recalled.inc(len(data.get("seqs") or ()))
 
         session.hooks.on(hk.POST_COMPACT, compacted)
         session.hooks.on(hk.SUMMARIZATION, summarized)
-        session.hooks.on(RECALL_HOOK, recalled)
+        session.hooks.on(hk.INCLUDE, included)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
