@@ -313,3 +313,42 @@ async def test_graceful_shutdown_finishes_in_flight_appends(pg_dsn: str) -> None
         session = await ledger.session("g", create=False)
         assert len(await session.get_messages()) == 6
         assert (await session.verify()).ok
+
+
+async def test_context_in_a_providers_shape_and_replayed_with_a_budget(
+    svc: Running, pg_dsn: str
+) -> None:
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "shape", "model": "gpt-4o"})
+    call = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    batch = [
+        {"role": "system", "content": "You are terse."},
+        user("list the files " + "please " * 200),
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.py b.py"},
+        user("and now?"),
+    ]
+    assert (
+        await c.post("/v1/sessions/shape/messages", json={"messages": batch})
+    ).status_code == 201
+    got = await c.get("/v1/sessions/shape/context", params={"provider": "anthropic"})
+    assert got.status_code == 200, got.text
+    body = got.json()
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await ledger.session("shape", create=False)
+        want = await session.request_for("anthropic")
+        small = await session.request_at(body["at"], token_budget=150)
+    assert body["provider"] == "anthropic" and body["system"] == want.system == "You are terse."
+    assert body["messages"] == want.messages
+    assert any(b.get("type") == "tool_use" for m in body["messages"] for b in m["content"])
+    # a replay honours the budget asked for, as request_at does
+    replayed = await c.get(
+        "/v1/sessions/shape/context", params={"at": body["at"], "token_budget": 150}
+    )
+    assert replayed.json()["messages"] == small
+    full = await c.get("/v1/sessions/shape/context", params={"at": body["at"]})
+    assert len(small) < len(full.json()["messages"])
+    # a shape nobody speaks is refused, not answered in the default shape
+    bad = await c.get("/v1/sessions/shape/context", params={"provider": "claude-3"})
+    assert bad.status_code == 422
+    assert bad.headers["content-type"].startswith("application/problem+json")

@@ -10,7 +10,7 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -23,6 +23,7 @@ from contextledger.errors import ContextLedgerError, InvalidArgument, SessionExi
 from contextledger.http.auth import current_tenant
 from contextledger.http.problems import Problem
 from contextledger.http.tenancy import Tenants
+from contextledger.provider_shapes import render
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 Tenant = Annotated[str, Depends(current_tenant)]
@@ -308,19 +309,36 @@ async def context(
     request: Request,
     tenant: Tenant,
     token_budget: Annotated[int | None, Query(gt=0, le=2**31 - 1)] = None,
-    provider: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    provider: Annotated[
+        Literal["openai", "anthropic", "gemini"] | None,
+        Query(description="The messages' shape; the system prompt comes apart unless openai."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=200,
+            description="The model the request goes to: its window sets the budget, and "
+            "the view is finished for it (signed thinking kept for Anthropic only…).",
+        ),
+    ] = None,
     at: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
 ) -> dict[str, Any]:
-    """The budgeted request view (``get_messages_for_request``), or ``request_at(at)``."""
+    """The budgeted request view (``get_messages_for_request``), or ``request_at(at)``
+    with the same budget, in ``provider``'s shape."""
     session = await open_session(request, tenant, session_id)
-    target = Provider(provider) if provider else None
+    target = Provider(model) if model else None
     if at is not None:
-        messages = await session.request_at(at, target)
+        messages = await session.request_at(at, target, token_budget=token_budget)
     else:
         messages = await session.get_messages_for_request(
             token_budget=token_budget, provider=target
         )
-    return {"messages": messages, "at": at if at is not None else session.head}
+    out: dict[str, Any] = {"messages": messages, "at": at if at is not None else session.head}
+    if provider is not None:
+        shaped = await render(messages, provider, model or session.model)
+        out.update(messages=shaped.messages, provider=provider, system=shaped.system)
+    return out
 
 
 # -- checkpoints, rollback, compaction ----------------------------------------------------
