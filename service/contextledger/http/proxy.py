@@ -6,9 +6,13 @@ with the session's branch and appends only what is new (each new message under
 an idempotency key derived from its position and content, so a retried request
 appends nothing twice), replaces the messages with the session's budgeted
 request view, forwards it to the configured upstream, streams the reply back as it
-arrives and records it in the ledger. An OpenAI-compatible upstream gets the request
-relayed as is (http/upstream.py); litellm carries every other provider, and the
-fallbacks.
+arrives and records it in the ledger. A resend of a request already answered (the
+client never saw the answer) is forwarded with the view its first try got, replayed
+from the ledger. An upstream failure keeps the client's new messages recorded (they
+were said; the ledger holds what happened): the client's retry finds them there,
+appends nothing and is answered from the same budgeted view. An OpenAI-compatible
+upstream gets the request relayed as is (http/upstream.py); litellm carries every
+other provider, and the fallbacks.
 
 The reply is recorded once the response is on its way (``Tenants.defer``), off the
 client's wait: the next request for the session through this process waits for that
@@ -35,6 +39,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from contextledger import Session
+from contextledger.core.projection import fold
 from contextledger.errors import SessionNotFound
 from contextledger.http import upstream
 from contextledger.http.auth import tenant_for
@@ -194,6 +199,19 @@ def _extend(
     known.items.append(message)
 
 
+async def _view_as_sent(
+    session: Session, count: int, token_budget: int | None, provider: Provider
+) -> list[dict[str, Any]]:
+    """The request view a retried request's first try got: replayed (``request_at``)
+    right after the branch's ``count``-th message, where that try built it, with the
+    same budget. Not the client's raw history: the model sees the same request twice.
+    Reads the session's events (twice); only a retry pays for it."""
+    state = fold([e async for e in session.events()])
+    return await session.request_at(
+        state.branch[count - 1].seq, provider, token_budget=token_budget
+    )
+
+
 async def _session(tenants: Tenants, tenant: str, session_id: str, model: str) -> Session:
     try:
         return await tenants.session(tenant, session_id)
@@ -305,7 +323,7 @@ async def chat_completions(request: Request) -> Response:
     k, stored = await _common_prefix(session, sent)
     retry = k == len(sent) and k < stored
     if retry:  # a resend of an earlier request: its reply is recorded already
-        outgoing = [essence(m) for m in sent]
+        outgoing = await _view_as_sent(session, k, settings.proxy_token_budget, Provider(model))
     else:
         if k < stored:  # the client rewrote its history: record what it now holds
             await session.set_messages([essence(m) for m in sent])
