@@ -352,3 +352,18 @@ async def test_context_in_a_providers_shape_and_replayed_with_a_budget(
     bad = await c.get("/v1/sessions/shape/context", params={"provider": "claude-3"})
     assert bad.status_code == 422
     assert bad.headers["content-type"].startswith("application/problem+json")
+
+
+async def test_odd_headers_get_their_meaning_or_a_clear_refusal(svc: Running) -> None:
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "hd"})
+    path = "/v1/sessions/hd/messages"
+    # If-Match: * is "whatever the head is" (RFC 9110), not a malformed seq
+    star = await c.post(path, json={"message": user("a")}, headers={"If-Match": "*"})
+    assert star.status_code == 201, star.text
+    for bad in ("99999999999999999999", "12a", "²"):  # beyond bigint, not a number, not ASCII
+        sent = {"Last-Event-ID": bad.encode("latin-1")}
+        tail = await c.get("/v1/sessions/hd/events/stream", headers=sent)
+        assert tail.status_code == 422, (bad, tail.text)
+        assert tail.json()["code"] == "INVALID_ARGUMENT"
+    assert [e["seq"] for e in (await c.get("/v1/sessions/hd/events")).json()["items"]] == [1, 2]

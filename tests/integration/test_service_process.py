@@ -124,6 +124,7 @@ def test_a_bad_flag_value_is_a_clear_error_and_nothing_starts(pg_dsn: str, tmp_p
     assert proc.wait(60) == 2
     assert "CONTEXTLEDGER_POOL_SIZE" in log.read_text()
     # a flag reaches the local-mode guard: beyond loopback without any API key, refused
-    proc = _serve("--dsn", pg_dsn, "--host", "0.0.0.0", "--no-migrate", log=log)
-    assert proc.wait(60) == 2
-    assert "127.0.0.1" in log.read_text()
+    for dsn in (pg_dsn, "memory://"):  # memory:// holds no keys: loopback only too
+        proc = _serve("--dsn", dsn, "--host", "0.0.0.0", "--no-migrate", log=log)
+        assert proc.wait(60) == 2
+        assert "127.0.0.1" in log.read_text()

@@ -329,3 +329,20 @@ async def test_float_subclasses_hash_as_plain_floats(ledger: Ledger) -> None:
 
 class F(float):
     """A float subclass, as numpy.float64 is."""
+
+
+async def test_the_audited_purge_on_both_stores(ledger: Ledger) -> None:
+    session = await ledger.session("gone")
+    await session.add_messages(OPENAI_TOOL_TURN)
+    store: Any = ledger.store
+    with pytest.raises(InvalidArgument):
+        await store.purge("gone", "  ")
+    assert len(await session.get_messages()) == len(OPENAI_TOOL_TURN)  # a refused purge: intact
+    head = (await session.refresh()).head
+    assert await store.purge("gone", "asked to forget") == head
+    with pytest.raises(SessionNotFound):
+        await ledger.session("gone", create=False)
+    with pytest.raises(SessionNotFound):
+        await store.purge("gone", "again")
+    record = [p for p in await store.purges() if p["session_id"] == "gone"]
+    assert [(p["reason"], p["events"]) for p in record] == [("asked to forget", head)]

@@ -124,8 +124,8 @@ def verify_out(r: VerifyReport) -> dict[str, Any]:
 
 
 def parse_if_match(value: str | None) -> int | None:
-    """``If-Match: 5`` or ``"5"`` (an ETag) → 5."""
-    if value is None:
+    """``If-Match: 5`` or ``"5"`` (an ETag) → 5; ``*`` (any head: RFC 9110) → no check."""
+    if value is None or value.strip() == "*":
         return None
     raw = value.strip().removeprefix("W/").strip('"')
     if not raw.isdigit() or len(raw) > 18:
@@ -411,7 +411,11 @@ async def event_stream(
     """Server-sent events: every event from ``from_seq`` (or after ``Last-Event-ID``), then
     new ones as they are appended, by any process."""
     session = await open_session(request, tenant, session_id)
-    start = int(last_event_id) + 1 if last_event_id and last_event_id.isdigit() else from_seq
+    start = from_seq
+    if last_event_id:  # what the browser saw last: one of our seqs, or a clear 422
+        if not (last_event_id.isascii() and last_event_id.isdigit()) or len(last_event_id) > 18:
+            raise InvalidArgument("Last-Event-ID must be an event's seq", field="Last-Event-ID")
+        start = int(last_event_id) + 1
     stopping: asyncio.Event = request.app.state.stopping
 
     async def stream() -> AsyncIterator[str]:

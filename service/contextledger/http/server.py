@@ -54,7 +54,8 @@ async def serve(settings: Settings) -> None:
 
         home = Path(settings.home) if settings.home else None
         dsn = await asyncio.to_thread(embedded.start, home)
-    if dsn != "memory://" and not settings.local_only and not await has_keys(dsn):
+    # memory:// holds no API keys, ever: like a database without any, loopback only
+    if not settings.local_only and (dsn == "memory://" or not await has_keys(dsn)):
         raise ConfigError(
             f"no API key exists yet, so the service runs in local mode and binds 127.0.0.1 "
             f"only (asked for {settings.host}). Create one first: contextledger keys create "

@@ -10,7 +10,7 @@ import copy
 from bisect import bisect_right
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from contextledger.core.chain import GENESIS_HASH, make_event
@@ -34,6 +34,7 @@ from contextledger.core.recall import Recalled, message_text
 from contextledger.core.view import ViewItem
 from contextledger.errors import (
     IdempotencyConflict,
+    InvalidArgument,
     SessionExists,
     SessionNotFound,
 )
@@ -136,6 +137,29 @@ class MemoryStore(Store):
 
     def __init__(self) -> None:
         self._streams: dict[str, _Stream] = {}
+        self._purges: list[dict[str, Any]] = []
+
+    async def purge(self, session_id: str, reason: str) -> int:
+        """The audited purge, as PostgreSQL's: the session goes, the record of it stays."""
+        if not reason.strip():
+            raise InvalidArgument("a purge needs a non-blank reason", field="reason")
+        stream = self._get(session_id)
+        del self._streams[session_id]
+        self._purges.append(
+            {
+                "session_id": session_id,
+                "purged_at": datetime.now(UTC),
+                "purged_by": "memory",
+                "reason": reason,
+                "events": len(stream.events),
+                "last_hash": stream.info.last_hash,
+            }
+        )
+        return len(stream.events)
+
+    async def purges(self) -> list[dict[str, Any]]:
+        """Who removed which session, when and why (this process's, oldest first)."""
+        return [dict(p) for p in self._purges]
 
     def _get(self, session_id: str) -> _Stream:
         try:
