@@ -219,20 +219,16 @@ async def _session(tenants: Tenants, tenant: str, session_id: str, model: str) -
         return await tenants.session(tenant, session_id, create=True, model=model)
 
 
-def _litellm_kwargs(settings: Settings, models: Sequence[str], key: str) -> dict[str, Any]:
-    """litellm's arguments for ``models[0]``, the rest as its fallbacks."""
-    common: dict[str, Any] = {}
-    if settings.upstream_api_base:
-        common["api_base"] = settings.upstream_api_base
-    common["api_key"] = key
+def _litellm_kwargs(settings: Settings, routes: Sequence[upstream.Route]) -> dict[str, Any]:
+    """litellm's arguments for ``routes[0]``, the rest as its fallbacks (each with its
+    own endpoint and key)."""
     kwargs: dict[str, Any] = {
-        "model": models[0],
         "timeout": settings.upstream_timeout,
         "num_retries": settings.upstream_retries,
-        **common,
+        **routes[0].litellm_kwargs(),
     }
-    if len(models) > 1:
-        kwargs["fallbacks"] = [{"model": f, **common} for f in models[1:]]
+    if len(routes) > 1:
+        kwargs["fallbacks"] = [r.litellm_kwargs() for r in routes[1:]]
     return kwargs
 
 
@@ -353,8 +349,8 @@ async def chat_completions(request: Request) -> Response:
             overhead_ms=round((time.perf_counter() - started) * 1000, 2),
         )
     record = _Recorder(tenants, tenant, session_id, session, position, metrics)
-    models = [target_model, *settings.fallbacks]
     target = upstream.relay_target(settings, target_model, key)
+    skip = 0
     if target is not None:
         try:
             return await _relayed(request.app.state.relay, target, extra, outgoing, stream, record)
@@ -362,9 +358,9 @@ async def chat_completions(request: Request) -> Response:
             if not settings.fallbacks:
                 raise _upstream_problem(exc) from exc
             log.info("proxy_fallback", model=target_model, status=exc.status_code)
-            models = models[1:]  # litellm from the first fallback on, as it would go
+            skip = 1  # litellm from the first fallback on, as it would go
     litellm = await _litellm()
-    kwargs = _litellm_kwargs(settings, models, key)
+    kwargs = _litellm_kwargs(settings, upstream.routes(settings, target_model, key)[skip:])
     if extra.get("tools"):
         # litellm 1.106.2 routes any request with tools through its MCP bridge, which
         # imports the optional `mcp` package; plain function tools need none of it.

@@ -17,6 +17,18 @@ ENV_PREFIX = "CONTEXTLEDGER_"
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """A model the proxy tries when the upstream fails, at its own endpoint: another
+    provider needs its own base URL (None: litellm's default for the model's provider)
+    and key (None: the provider's own environment variable, as litellm reads it). A
+    fallback given by name alone (a plain ``str``) uses the primary's base and key."""
+
+    model: str
+    api_base: str | None = None
+    api_key: str | None = None
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything ``create_app`` needs. ``from_env`` reads ``CONTEXTLEDGER_<NAME>``."""
@@ -27,6 +39,9 @@ class Settings:
     port: int = 8765
     #: The database role tenant connections switch to ("" keeps the DSN's own user).
     service_role: str = "contextledger_service"
+    #: The service role's password, where the server asks for one (it logs in as the role
+    #: with it; without a login it switches to the role from the DSN's user).
+    service_password: str | None = None
     pool_size: int = 4  # per tenant
     migrate: bool = True
     #: Where the proxy forwards (an OpenAI-compatible base URL) and with which key.
@@ -42,8 +57,10 @@ class Settings:
     #: ``hosted_vllm/`` or ``openai/`` model) with the proxy's own HTTP client instead of
     #: litellm, ~7 ms of CPU less a call (http/upstream.py). Off: litellm carries all.
     upstream_relay: bool = True
-    #: litellm models tried in order when the upstream fails.
-    fallbacks: tuple[str, ...] = ()
+    #: litellm models tried in order when the upstream fails: ``a,b`` (each with the
+    #: primary's base and key), or a JSON list of names and ``{"model", "api_base",
+    #: "api_key"}`` objects (each at its own endpoint: ``Fallback``).
+    fallbacks: tuple[str | Fallback, ...] = ()
     #: Forward the client's ``Authorization`` bearer to the upstream instead of ours.
     pass_client_key: bool = False
     upstream_timeout: float = 600.0
@@ -94,8 +111,35 @@ def _parse(name: str, kind: str, raw: str) -> Any:
             if not isinstance(loaded, dict):
                 raise ValueError("expected a JSON object")
             return {str(k): str(v) for k, v in loaded.items()}
+        if name == "fallbacks":
+            return parse_fallbacks(raw)
         if kind.startswith("tuple"):
             return tuple(p.strip() for p in raw.split(",") if p.strip())
         return raw
     except ValueError as exc:
         raise ConfigError(f"{ENV_PREFIX}{name.upper()}: {exc}", key=name) from None
+
+
+def parse_fallbacks(raw: str) -> tuple[str | Fallback, ...]:
+    """``a, b`` (names) or a JSON list of names and ``{"model", "api_base", "api_key"}``."""
+    if not raw.lstrip().startswith("["):
+        return tuple(p.strip() for p in raw.split(",") if p.strip())
+    loaded = json.loads(raw)
+    out: list[str | Fallback] = []
+    for item in loaded:
+        if isinstance(item, str) and item.strip():
+            out.append(item.strip())
+            continue
+        if not isinstance(item, dict):
+            raise ValueError("each fallback is a model name or an object with a 'model'")
+        unknown = set(item) - {"model", "api_base", "api_key"}
+        model = item.get("model")
+        if unknown or not isinstance(model, str) or not model.strip():
+            raise ValueError(
+                "a fallback object has a 'model' string, and may have 'api_base' and 'api_key'"
+            )
+        base, key = item.get("api_base"), item.get("api_key")
+        if not all(v is None or isinstance(v, str) for v in (base, key)):
+            raise ValueError("a fallback's 'api_base' and 'api_key' are strings")
+        out.append(Fallback(model.strip(), base or None, key or None))
+    return tuple(out)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
@@ -57,9 +58,50 @@ def target_model(settings: Settings, model: str) -> str:
     return target
 
 
-def upstream_key(settings: Settings, client_key: str | None) -> str:
+def upstream_key(settings: Settings, client_key: str | None) -> str | None:
+    """The key for the primary upstream: the client's (``pass_client_key``), else ours;
+    None when there is neither (litellm then reads the provider's own variable)."""
     key = client_key if settings.pass_client_key and client_key else settings.upstream_api_key
-    return key or "none"  # what litellm sends without a key
+    return key or None
+
+
+#: The variable litellm reads a relayed provider's key from when it is given none.
+PROVIDER_KEY_ENV = {"hosted_vllm": "HOSTED_VLLM_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One model the proxy may call, with its endpoint and key (None: litellm's default
+    for the provider, its environment variable)."""
+
+    model: str
+    api_base: str | None
+    api_key: str | None
+
+    def litellm_kwargs(self) -> dict[str, Any]:
+        """litellm's ``model``/``api_base``/``api_key``, every key present: a fallback's
+        dict overrides the first model's arguments in litellm, so a None here keeps a
+        fallback from inheriting the first model's endpoint."""
+        key = self.api_key
+        provider = self.model.partition("/")[0]
+        if key is None and provider == "openai" and self.api_base:
+            # litellm's OpenAI client refuses to call without a key: a keyless local
+            # OpenAI-compatible server gets a placeholder unless the variable is set
+            key = None if os.environ.get("OPENAI_API_KEY") else "none"
+        return {"model": self.model, "api_base": self.api_base, "api_key": key}
+
+
+def routes(settings: Settings, model: str, key: str | None) -> list[Route]:
+    """``model`` at the upstream, then the fallbacks: a name with the upstream's base
+    and key, a ``Fallback`` at its own."""
+    primary = Route(model, settings.upstream_api_base, key)
+    out = [primary]
+    for f in settings.fallbacks:
+        if isinstance(f, str):
+            out.append(Route(f, primary.api_base, key))
+        else:
+            out.append(Route(f.model, f.api_base, f.api_key))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +113,17 @@ class Target:
     headers: Mapping[str, str]
 
 
-def relay_target(settings: Settings, litellm_model: str, key: str) -> Target | None:
+def relay_target(settings: Settings, litellm_model: str, key: str | None) -> Target | None:
     """The relay's target for ``litellm_model``, or None when litellm must carry it (no
-    ``upstream_api_base``, another provider, or the relay switched off)."""
+    ``upstream_api_base``, another provider, or the relay switched off). Without a key,
+    the provider's variable as litellm reads it, else ``none`` (a keyless local server
+    ignores it)."""
     base = settings.upstream_api_base
     provider, _, name = litellm_model.partition("/")
     if not settings.upstream_relay or not base or not name or provider not in RELAYED_PROVIDERS:
         return None
+    if key is None:
+        key = os.environ.get(PROVIDER_KEY_ENV[provider]) or "none"
     url = base.rstrip("/")
     if "chat/completions" not in url:  # litellm's rule: a base naming the endpoint is kept
         url += "/chat/completions"
