@@ -128,3 +128,7 @@ def test_a_bad_flag_value_is_a_clear_error_and_nothing_starts(pg_dsn: str, tmp_p
         proc = _serve("--dsn", dsn, "--host", "0.0.0.0", "--no-migrate", log=log)
         assert proc.wait(60) == 2
         assert "127.0.0.1" in log.read_text()
+    # a service role that is a superuser would be no guard at all: refused at start
+    proc = _serve("--dsn", pg_dsn, "--service-role", "postgres", "--no-migrate", log=log)
+    assert proc.wait(60) != 0
+    assert "superuser or bypasses row-level security" in log.read_text()

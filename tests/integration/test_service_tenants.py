@@ -7,13 +7,14 @@ from typing import Any
 
 import asyncpg
 import pytest
+import structlog
 
 from contextledger.errors import ConfigError
 from contextledger.http.keys import list_keys, revoke_key
 from contextledger.http.server import serve
 from contextledger.http.settings import Settings
 from contextledger.store.dsn import asyncpg_dsn
-from tests.integration.service_support import Running, new_key
+from tests.integration.service_support import Running, new_key, running_service
 
 ROLE = "contextledger_service"
 
@@ -136,3 +137,47 @@ async def test_row_level_security_itself_keeps_tenants_apart(svc: Running, pg_ds
     finally:
         for conn in (own, other, unset):
             await conn.close()
+
+
+async def test_tenant_connections_log_in_as_the_service_role(svc: Running, pg_dsn: str) -> None:
+    """Logged in as the role (0008), not switched to it from the DSN's superuser: a
+    ``RESET ROLE`` in some statement has no superuser to go back to."""
+    tenants = svc.app.state.tenants
+    assert tenants.logged_in_as_role
+    assert (await svc.client.post("/v1/sessions", json={"session_id": "who"})).status_code == 201
+    ledger = await tenants.ledger("local")
+    async with ledger.store._pool.acquire() as conn:
+        await conn.execute("RESET ROLE")
+        assert await conn.fetchval("SELECT session_user || '/' || current_user") == (
+            f"{ROLE}/{ROLE}"
+        )
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("SET ROLE postgres")
+    admin = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        users = await admin.fetch(
+            "SELECT DISTINCT usename FROM pg_stat_activity WHERE application_name LIKE"
+            " 'contextledger%' AND datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await admin.close()
+    assert [r["usename"] for r in users] == [ROLE]
+
+
+async def test_a_role_that_cannot_log_in_is_switched_to_with_a_warning(pg_dsn: str) -> None:
+    admin = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    await admin.execute(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cl_switch_only')"
+        f" THEN CREATE ROLE cl_switch_only NOLOGIN IN ROLE {ROLE}; END IF; END $$"
+    )
+    await admin.close()
+    settings = Settings(dsn=pg_dsn, migrate=False, service_role="cl_switch_only")
+    with structlog.testing.capture_logs() as logs:
+        async with running_service(settings) as running:
+            assert not running.app.state.tenants.logged_in_as_role
+            made = await running.client.post("/v1/sessions", json={"session_id": "sw"})
+            assert made.status_code == 201, made.text
+            ledger = await running.app.state.tenants.ledger("local")
+            async with ledger.store._pool.acquire() as conn:
+                assert await conn.fetchval("SELECT current_user") == "cl_switch_only"
+    assert [e["role"] for e in logs if e["event"] == "service_role_switched"] == ["cl_switch_only"]

@@ -18,9 +18,10 @@ import asyncpg
 import structlog
 
 from contextledger import Ledger, Session
+from contextledger.errors import ConfigError
 from contextledger.http.keys import KeyRing
 from contextledger.http.settings import Settings
-from contextledger.store.dsn import asyncpg_dsn
+from contextledger.store.dsn import asyncpg_dsn, with_user
 
 log = structlog.get_logger(__name__)
 LOCAL_TENANT = "local"
@@ -41,6 +42,7 @@ class Tenants:
         self._sessions: dict[str, OrderedDict[str, Session]] = {}
         self._opening = asyncio.Lock()
         self._head: str | None = None
+        self._login: str | None = None  # the DSN logging in as the service role, if it can
         self.on_session: list[Any] = []  # callbacks(session) when a session is first opened
         #: (tenant, session id) -> the last write deferred past a response (``defer``)
         self._deferred: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -65,16 +67,55 @@ class Tenants:
             from contextledger.store import migrate
 
             await migrate.upgrade(dsn)
+        self._login = await self._service_login(dsn) if s.service_role else None
         settings = {"application_name": "contextledger-service"}
-        if s.service_role:
+        if s.service_role and self._login is None:
             settings["role"] = s.service_role
         self._pool = await asyncpg.create_pool(
-            asyncpg_dsn(dsn), min_size=1, max_size=2, server_settings=settings
+            self._login or asyncpg_dsn(dsn), min_size=1, max_size=2, server_settings=settings
         )
         self.keys = KeyRing(self._pool, cache_seconds=s.key_cache_seconds)
         from contextledger.store.migrate import head_revision
 
         self._head = head_revision()  # parsing the migration scripts takes ~15 ms
+
+    async def _service_login(self, dsn: str) -> str | None:
+        """The DSN that logs in as the service role itself, if the server lets it (0008).
+
+        A connection switched to the role from another user keeps that session user, and
+        ``RESET ROLE`` takes it back: from a superuser, to every tenant's rows. Logged in
+        as the role, there is nothing to reset to. Else: the switch, and a warning."""
+        role = self.settings.service_role
+        login = with_user(asyncpg_dsn(dsn), role, self.settings.service_password)
+        try:
+            conn = await asyncpg.connect(login, timeout=10)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning(
+                "service_role_switched",
+                role=role,
+                reason=f"{type(exc).__name__}: {exc}",
+                hint=f"let {role} log in (migration 0008, a password where the server asks "
+                "for one: CONTEXTLEDGER_SERVICE_PASSWORD), or RLS relies on no statement "
+                "resetting the role",
+            )
+            return None
+        try:
+            privileged = await conn.fetchval(
+                "SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user"
+            )
+        finally:
+            await conn.close()
+        if privileged:
+            raise ConfigError(
+                f"the service role {role} is a superuser or bypasses row-level security",
+                key="service_role",
+            )
+        return login
+
+    @property
+    def logged_in_as_role(self) -> bool:
+        """Whether tenant connections log in as the service role (not switch to it)."""
+        return self._login is not None
 
     async def keys_required(self) -> bool:
         return self.keys is not None and await self.keys.keys_required()
@@ -102,12 +143,13 @@ class Tenants:
         async with self._opening:
             found = self._ledgers.get(tenant)
             if found is None:
+                switch = self.settings.service_role or None
                 found = await Ledger.open(
-                    self.dsn,
+                    self._login or self.dsn,
                     migrate=False,
                     pool_size=self.settings.pool_size,
                     tenant=None if self.memory else tenant,
-                    role=(self.settings.service_role or None) if not self.memory else None,
+                    role=None if self.memory or self._login else switch,
                 )
                 self._ledgers[tenant] = found
                 self._sessions[tenant] = OrderedDict()

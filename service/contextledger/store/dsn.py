@@ -27,6 +27,16 @@ def asyncpg_dsn(dsn: str) -> str:
     return "postgresql://" + _rest(dsn)
 
 
+def with_user(dsn: str, user: str, password: str | None = None) -> str:
+    """``dsn`` (asyncpg's spelling) logging in as ``user`` instead, with ``password``
+    (none: the server's trust, peer or a ``.pgpass`` decides)."""
+    from urllib.parse import quote
+
+    netloc, slash, tail = _rest(dsn).partition("/")
+    creds = quote(user, safe="") + (":" + quote(password, safe="") if password else "")
+    return f"postgresql://{creds}@{netloc.rpartition('@')[2]}{slash}{tail}"
+
+
 def sqlalchemy_url(dsn: str) -> str:
     return "postgresql+asyncpg://" + _rest(dsn)
 
