@@ -11,11 +11,12 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from openai import AsyncOpenAI
 
-from contextledger.http.settings import Settings
+from contextledger.http.settings import Fallback, Settings
 from contextledger.http.upstream import USER_AGENT
 from tests.fakellm import FakeLLM, ok, running_fake_llm, server_error
-from tests.integration.service_support import branch, client, running_service
+from tests.integration.service_support import branch, client, new_key, running_service
 
 PATHS = pytest.mark.parametrize("relay", [True, False], ids=["relay", "litellm"])
 
@@ -123,3 +124,52 @@ async def test_a_keyless_local_upstream_is_still_reached(
         )
     assert reply.choices[0].message.content
     assert fake.models_called() == ["m"]
+
+
+def usage_lines(metrics: str) -> dict[tuple[str, str, str], float]:
+    """``contextledger_proxy_usage_tokens_total`` by (tenant, model, kind)."""
+    out = {}
+    for line in metrics.splitlines():
+        if line.startswith("contextledger_proxy_usage_tokens_total{"):
+            labels, value = line.removeprefix("contextledger_proxy_usage_tokens_total").split()
+            pairs = dict(p.split("=", 1) for p in labels.strip("{}").split(","))
+            key = tuple(pairs[n].strip('"') for n in ("tenant", "model", "kind"))
+            out[key] = float(value)
+    return out
+
+
+@PATHS
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_usage_is_counted_by_tenant_and_by_the_model_that_answered(
+    pg_dsn: str, fake: FakeLLM, backup: FakeLLM, relay: bool, stream: bool
+) -> None:
+    fake.script("m", [ok("twelve chars"), server_error()])
+    backup.script("spare", [ok("sixteen chars..")])
+    settings = Settings(
+        dsn=pg_dsn,
+        migrate=False,
+        upstream_api_base=fake.base_url,
+        upstream_relay=relay,
+        fallbacks=(Fallback("hosted_vllm/spare", backup.base_url, "k"),),
+    )
+    keys = {tenant: await new_key(pg_dsn, tenant) for tenant in ("alpha", "beta")}
+    async with running_service(settings) as svc:
+        for tenant in ("alpha", "beta"):  # alpha is answered by m, beta by the fallback
+            oai = AsyncOpenAI(
+                base_url=f"{svc.url}/v1",
+                api_key=keys[tenant],
+                default_headers={"X-Session-Id": "s"},
+                max_retries=0,
+            )
+            response = await oai.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x"}], stream=stream
+            )
+            if isinstance(response, openai.AsyncStream):
+                [c async for c in response]
+        metrics = await svc.client.get("/metrics", headers={"X-ContextLedger-Key": keys["alpha"]})
+    assert usage_lines(metrics.text) == {
+        ("alpha", "m", "prompt"): 10.0,
+        ("alpha", "m", "completion"): 3.0,
+        ("beta", "spare", "prompt"): 10.0,
+        ("beta", "spare", "completion"): 3.0,
+    }

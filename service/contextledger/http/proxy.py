@@ -37,6 +37,7 @@ import orjson
 import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import Counter
 
 from contextledger import Session
 from contextledger.core.projection import fold
@@ -348,7 +349,7 @@ async def chat_completions(request: Request) -> Response:
             sent=len(outgoing),
             overhead_ms=round((time.perf_counter() - started) * 1000, 2),
         )
-    record = _Recorder(tenants, tenant, session_id, session, position, metrics)
+    record = _Recorder(tenants, tenant, session_id, session, position, metrics, target_model)
     target = upstream.relay_target(settings, target_model, key)
     skip = 0
     if target is not None:
@@ -375,7 +376,7 @@ async def chat_completions(request: Request) -> Response:
     choices = data.get("choices") or []
     if choices:
         record(essence(choices[0].get("message") or {}))
-    _count_usage(metrics, data.get("usage"))
+    record.count(data.get("usage"), data.get("model"))
     return JSONResponse(data)
 
 
@@ -406,7 +407,7 @@ async def _relayed(
     choices = data.get("choices")
     if choices and isinstance(choices, list) and isinstance(choices[0], Mapping):
         record(essence(choices[0].get("message") or {}))
-    _count_usage(record.metrics, data.get("usage"))
+    record.count(data.get("usage"), data.get("model"))
     return Response(raw, media_type="application/json")  # the upstream's JSON as it came
 
 
@@ -451,14 +452,14 @@ async def _relay_stream(response: ClientResponse, record: _Recorder) -> AsyncIte
     message = built.message()
     if message is not None:
         record(essence(message))
-    _count_usage(record.metrics, built.usage)
+    record.count(built.usage, built.model)
     yield done
 
 
 @dataclass(slots=True)
 class _Recorder:
     """Records a reply in the session at ``position`` (``-1``: a retry's, already
-    recorded), deferred past the response (``Tenants.defer``)."""
+    recorded), deferred past the response (``Tenants.defer``), and counts its usage."""
 
     tenants: Tenants
     tenant: str
@@ -466,6 +467,22 @@ class _Recorder:
     session: Session
     position: int
     metrics: Any
+    model: str  # the model asked for: the usage's label when the answer names none
+
+    def count(self, usage: Any, answered_by: Any) -> None:
+        """Count the reply's tokens: by kind (``contextledger_proxy_tokens``) and by
+        tenant and model that answered (``contextledger_proxy_usage_tokens``), so use
+        can be billed or capped per tenant. (Per session, the ledger would be the place;
+        a message carries no metadata to hold it.)"""
+        if not isinstance(usage, Mapping):
+            return
+        model = answered_by if isinstance(answered_by, str) and answered_by else self.model
+        by_tenant = _usage_counter(self.metrics)
+        for kind in ("prompt", "completion"):
+            value = usage.get(kind + "_tokens")
+            if isinstance(value, int) and value > 0:
+                self.metrics.proxy_tokens.labels(kind).inc(value)
+                by_tenant.labels(self.tenant, model[:MODEL_LABEL_MAX], kind).inc(value)
 
     def __call__(self, reply: dict[str, Any]) -> None:
         if self.position < 0 or (reply.get("content") is None and not reply.get("tool_calls")):
@@ -482,12 +499,23 @@ class _Recorder:
         self.tenants.defer(self.tenant, self.session_id, write)
 
 
-def _count_usage(metrics: Any, usage: Any) -> None:
-    if isinstance(usage, Mapping):
-        for kind in ("prompt_tokens", "completion_tokens"):
-            value = usage.get(kind)
-            if isinstance(value, int) and value > 0:
-                metrics.proxy_tokens.labels(kind.removesuffix("_tokens")).inc(value)
+#: The app's (``Metrics``) counter of tokens by tenant and model, made on first use
+#: (metrics.py counts them by kind only).
+_usage_counters: weakref.WeakKeyDictionary[Any, Counter] = weakref.WeakKeyDictionary()
+MODEL_LABEL_MAX = 200  # as long as the request's model may be
+
+
+def _usage_counter(metrics: Any) -> Counter:
+    counter = _usage_counters.get(metrics)
+    if counter is None:
+        counter = Counter(
+            "contextledger_proxy_usage_tokens",
+            "Tokens reported by the upstream, by tenant and the model that answered",
+            ["tenant", "model", "kind"],
+            registry=metrics.registry,
+        )
+        _usage_counters[metrics] = counter
+    return counter
 
 
 async def _stream(
@@ -524,7 +552,7 @@ async def _stream(
             choices = data.get("choices") or []
             if choices:
                 record(essence(choices[0].get("message") or {}))
-            _count_usage(record.metrics, data.get("usage"))
+            record.count(data.get("usage"), data.get("model"))
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(relay(), media_type="text/event-stream")

@@ -292,11 +292,14 @@ class Assembler:
     content: list[str] = field(default_factory=list)
     calls: dict[int, _Call] = field(default_factory=dict)
     usage: Any = None
+    model: Any = None  # the model the chunks name
     choices: bool = False
 
     def add(self, chunk: Mapping[str, Any]) -> None:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
+        if self.model is None:
+            self.model = chunk.get("model")
         for choice in chunk.get("choices") or ():
             if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
                 continue
