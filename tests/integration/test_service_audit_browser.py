@@ -11,7 +11,7 @@ from playwright.async_api import Browser, async_playwright
 from contextledger import Ledger
 from contextledger.http.settings import Settings
 from tests.integration.browser import ensure_chromium
-from tests.integration.service_support import Running, running_service
+from tests.integration.service_support import Running, new_key, running_service
 
 
 @pytest_asyncio.fixture
@@ -78,3 +78,36 @@ async def _check_page(svc: Running, browser: Browser, seen: list[list[dict[str, 
         # what the model saw right after seq 6 included the branch later rolled back
         assert ("Rome" in text) == (seq == 6)
     assert errors == []
+
+
+async def test_with_keys_the_page_asks_for_one_and_shows_that_tenants_sessions(
+    pg_dsn: str, browser: Browser
+) -> None:
+    async with Ledger.open(pg_dsn, tenant="acme") as ledger:
+        await (await ledger.session("acme-work")).add_message({"role": "user", "content": "hi"})
+    async with Ledger.open(pg_dsn, tenant="other") as ledger:
+        await (await ledger.session("other-secret")).add_message({"role": "user", "content": "x"})
+    key = await new_key(pg_dsn, "acme")
+    settings = Settings(dsn=pg_dsn, migrate=False, key_cache_seconds=0)
+    async with running_service(settings) as svc:
+        page = await browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        first = await page.goto(svc.url + "/audit/sessions/acme-work")
+        assert first is not None and first.status == 401
+        await page.fill("#signin input[name=key]", key + "x")
+        await page.click("#signin button")
+        assert "not valid" in await page.inner_text("#error")
+        await page.fill("#signin input[name=key]", key)
+        await page.click("#signin button")
+        await page.wait_for_selector("#timeline")  # back where it was going, signed in
+        assert "chain verified" in await page.inner_text("#verify")
+        cookies = {c["name"]: c for c in await page.context.cookies()}
+        assert cookies["cl_key"]["httpOnly"] and cookies["cl_key"]["sameSite"] == "Strict"
+        assert await page.evaluate("document.cookie") == ""  # no script can read the key
+        await page.goto(svc.url + "/")
+        listed = await page.eval_on_selector_all("#sessions a", "els => els.map(e => e.text)")
+        assert listed == ["acme-work"]  # not the other tenant's session
+        await page.click("#signout button")
+        await page.wait_for_selector("#signin")
+        assert errors == []

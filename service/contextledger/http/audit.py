@@ -11,14 +11,15 @@ import html
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from contextledger import Event
-from contextledger.http.auth import tenant_for
+from contextledger.http.auth import KEY_COOKIE, tenant_for
+from contextledger.http.problems import Problem
 from contextledger.http.rest import open_session, tenants_of
 
 router = APIRouter(include_in_schema=False)
@@ -96,9 +97,66 @@ def _messages(messages: list[dict[str, Any]]) -> str:
     return rows or "<li class=empty>(nothing)</li>"
 
 
+def _sign_in(next_path: str, error: str = "") -> HTMLResponse:
+    """Keys-required mode: the page asks for a key (kept in an HttpOnly cookie)."""
+    note = f"<p class=error id=error>{_e(error)}</p>" if error else ""
+    page = _page(
+        "sign in",
+        "<h1>Sign in</h1><p>This service needs an API key (<code>contextledger keys create"
+        " TENANT</code>).</p>"
+        f'{note}<form id=signin method=post action="/audit/sign-in">'
+        f'<input type=hidden name=next value="{_e(next_path)}">'
+        "<label>API key <input name=key type=password autocomplete=off required></label> "
+        "<button type=submit>Sign in</button></form>",
+    )
+    page.status_code = 401
+    return page
+
+
+async def _tenant_or_sign_in(request: Request) -> str | HTMLResponse:
+    try:
+        return await tenant_for(request)
+    except Problem as exc:
+        if exc.status != 401:
+            raise
+        return _sign_in(request.url.path)
+
+
+@router.post("/audit/sign-in", response_model=None)
+async def sign_in(
+    request: Request, key: Annotated[str, Form(max_length=200)], next: Annotated[str, Form()] = "/"
+) -> Response:
+    """The key, if valid, goes into an HttpOnly, SameSite=Strict cookie: sent back only by
+    this site's own pages, never readable by script, never sent by another site's form."""
+    tenants = tenants_of(request)
+    tenant = await tenants.keys.tenant_of(key.strip()) if tenants.keys else None
+    target = next if next.startswith("/") and not next.startswith("//") else "/"
+    if tenant is None:
+        return _sign_in(target, "That key is not valid (or was revoked).")
+    done = RedirectResponse(target, status_code=303)
+    done.set_cookie(
+        KEY_COOKIE,
+        key.strip(),
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
+    return done
+
+
+@router.post("/audit/sign-out")
+async def sign_out() -> RedirectResponse:
+    done = RedirectResponse("/", status_code=303)
+    done.delete_cookie(KEY_COOKIE, path="/")
+    return done
+
+
 @router.get("/", response_class=HTMLResponse)
 async def sessions_page(request: Request) -> HTMLResponse:
-    tenant = await tenant_for(request)
+    tenant = await _tenant_or_sign_in(request)
+    if isinstance(tenant, HTMLResponse):
+        return tenant
     ledger = await tenants_of(request).ledger(tenant)
     rows = "".join(
         f'<tr><td><a href="/audit/sessions/{quote(i.session_id, safe="")}">'
@@ -107,8 +165,13 @@ async def sessions_page(request: Request) -> HTMLResponse:
         f"<td class=num>{i.view_tokens}</td></tr>"
         for i in await ledger.sessions()
     )
+    out = (
+        '<form id=signout method=post action="/audit/sign-out"><button>Sign out</button></form>'
+        if KEY_COOKIE in request.cookies
+        else ""
+    )
     body = (
-        f"<h1>Sessions <small>tenant {_e(tenant)}</small></h1>"
+        f"{out}<h1>Sessions <small>tenant {_e(tenant)}</small></h1>"
         "<table id=sessions><thead><tr><th>session</th><th>created</th><th>model</th>"
         "<th>events</th><th>view tokens</th></tr></thead>"
         f"<tbody>{rows or '<tr><td colspan=5>no sessions yet</td></tr>'}</tbody></table>"
@@ -118,7 +181,9 @@ async def sessions_page(request: Request) -> HTMLResponse:
 
 @router.get("/audit/sessions/{session_id}", response_class=HTMLResponse)
 async def session_page(session_id: str, request: Request) -> HTMLResponse:
-    tenant = await tenant_for(request)
+    tenant = await _tenant_or_sign_in(request)
+    if isinstance(tenant, HTMLResponse):
+        return tenant
     session = await open_session(request, tenant, session_id)
     await session.refresh()
     events = [e async for e in session.events()]
