@@ -435,3 +435,33 @@ async def test_shutdown_gives_up_on_a_deferred_record_that_never_lands(
         tenants.defer("local", "stuck", write)
         tenants.defer("local", "stuck", behind)  # queued behind it: both must be given up
     assert cancelled.is_set()  # shutdown finished: the write was given up, not awaited forever
+
+
+async def test_a_refused_request_writes_nothing(svc: Running, fake: FakeLLM, pg_dsn: str) -> None:
+    # the new messages are checked before the first is appended: a bad one after good
+    # ones is a 422 that leaves the session as it was, and a new session uncreated
+    headers = {"X-Session-Id": "checked"}
+    first = [{"role": "user", "content": "q0"}]
+    answered = await svc.client.post(
+        "/v1/chat/completions", headers=headers, json={"model": "m", "messages": first}
+    )
+    assert answered.status_code == 200
+    stored = await branch(svc, pg_dsn, "checked")
+    bad = [
+        *stored,
+        {"role": "user", "content": "a fine question"},
+        {"role": "tool", "content": "a result without its call id"},
+    ]
+    refused = await svc.client.post(
+        "/v1/chat/completions", headers=headers, json={"model": "m", "messages": bad}
+    )
+    assert refused.status_code == 422, refused.text
+    assert await branch(svc, pg_dsn, "checked") == stored
+    fresh = await svc.client.post(
+        "/v1/chat/completions",
+        headers={"X-Session-Id": "never-made"},
+        json={"model": "m", "messages": [{"role": "user", "content": 5}]},
+    )
+    assert fresh.status_code == 422, fresh.text
+    assert (await svc.client.get("/v1/sessions/never-made")).status_code == 404
+    assert len(fake.calls("m")) == 1

@@ -40,7 +40,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import Counter
 
 from contextledger import Session
+from contextledger.appends import check_size
+from contextledger.core.messages import ROLES, validate_message
 from contextledger.core.projection import fold
+from contextledger.core.shapes import shape_of
 from contextledger.errors import SessionNotFound
 from contextledger.http import upstream
 from contextledger.http.auth import tenant_for
@@ -213,11 +216,28 @@ async def _view_as_sent(
     )
 
 
-async def _session(tenants: Tenants, tenant: str, session_id: str, model: str) -> Session:
+async def _session(
+    tenants: Tenants, tenant: str, session_id: str, model: str, sent: Sequence[Mapping[str, Any]]
+) -> Session:
+    """The named session, created for ``sent`` if new (checked first: a refused request
+    creates nothing)."""
     try:
         return await tenants.session(tenant, session_id)
     except SessionNotFound:
+        _check(sent, None)
         return await tenants.session(tenant, session_id, create=True, model=model)
+
+
+def _check(messages: Sequence[Mapping[str, Any]], cap: int | None) -> None:
+    """Refuse (422) what ``add_message`` would refuse, before anything is appended: a
+    request with a bad message writes nothing, not the new messages before it. (A message
+    in another provider's shape is converted, and checked, by ``add_message`` itself.)"""
+    for m in messages:
+        message = essence(m)
+        if shape_of(message) == "openai":
+            validate_message(message)
+            if cap is not None:
+                check_size(message, cap)
 
 
 def _litellm_kwargs(settings: Settings, routes: Sequence[upstream.Route]) -> dict[str, Any]:
@@ -289,7 +309,76 @@ def _upstream_problem(exc: Exception) -> Problem:
     )
 
 
-@router.post("/v1/chat/completions", response_model=None)
+#: The route reads and checks its own body (http/lane.py calls it directly): what it
+#: takes is declared for the OpenAPI document only, and FastAPI parses nothing.
+DOCUMENTED: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": "X-Session-Id",
+            "in": "header",
+            "required": False,
+            "description": "The session whose memory the request uses (else the body's 'user').",
+            "schema": {"type": "string", "minLength": 1},
+        }
+    ],
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "title": "ChatCompletionRequest",
+                    "description": "OpenAI's chat completion request. Fields not named here "
+                    "(tools, temperature, ...) go to the upstream as they are.",
+                    "type": "object",
+                    "required": ["model", "messages"],
+                    "additionalProperties": True,
+                    "properties": {
+                        "model": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": 200,
+                            "description": "The client's model name (mapped by model_map).",
+                        },
+                        "messages": {
+                            "type": "array",
+                            "minItems": 1,
+                            "description": "The whole history, resent each call: only what "
+                            "the session does not hold yet is appended, and the upstream "
+                            "gets the session's budgeted view instead.",
+                            "items": {
+                                "type": "object",
+                                "required": ["role"],
+                                "additionalProperties": True,
+                                "properties": {
+                                    "role": {"type": "string", "enum": sorted(ROLES)},
+                                    "content": {
+                                        "anyOf": [
+                                            {"type": "string"},
+                                            {"type": "array", "items": {"type": "object"}},
+                                            {"type": "null"},
+                                        ]
+                                    },
+                                    "name": {"type": "string"},
+                                    "tool_calls": {"type": "array", "items": {"type": "object"}},
+                                    "tool_call_id": {"type": "string"},
+                                },
+                            },
+                        },
+                        "user": {
+                            "type": "string",
+                            "description": "Names the session when X-Session-Id is absent.",
+                        },
+                        "stream": {"type": "boolean"},
+                        "stream_options": {"type": "object"},
+                    },
+                }
+            }
+        },
+    },
+}
+
+
+@router.post("/v1/chat/completions", response_model=None, openapi_extra=DOCUMENTED)
 async def chat_completions(request: Request) -> Response:
     """OpenAI chat completions, with the session's memory in between.
 
@@ -316,7 +405,7 @@ async def chat_completions(request: Request) -> Response:
             422, "MISSING_SESSION", "name the session with X-Session-Id (or the 'user' field)"
         )
     started = time.perf_counter()
-    session = await _session(tenants, tenant, session_id, model)
+    session = await _session(tenants, tenant, session_id, model, sent)
     k, stored = await _common_prefix(session, sent)
     retry = k == len(sent) and k < stored
     if retry:  # a resend of an earlier request: its reply is recorded already
@@ -326,6 +415,7 @@ async def chat_completions(request: Request) -> Response:
             await session.set_messages([essence(m) for m in sent])
             _prefixes.pop(session, None)
         else:
+            _check(sent[k:], session.config.max_message_bytes)
             for i, m in enumerate(sent[k:], start=k):
                 before = session.head
                 seq = await session.add_message(essence(m), idempotency_key=position_key(i, m))
