@@ -599,7 +599,9 @@ _SERVE_FLAGS: dict[str, str] = {
     "model_map": "JSON object: client model -> litellm model.",
     "upstream_provider": "litellm provider of an OpenAI-compatible base (hosted_vllm).",
     "upstream_relay": "Relay OpenAI-compatible requests without litellm (default on).",
-    "fallbacks": "litellm models tried in order when the upstream fails.",
+    "fallbacks": "litellm models tried in order when the upstream fails: a,b or JSON "
+    '[{"model": …, "api_base": …, "api_key": …}].',
+    "service_password": "The service role's password, where the server asks for one.",
     "pass_client_key": "Forward the client's own bearer key to the upstream.",
     "upstream_timeout": "Seconds to wait for the upstream (600).",
     "upstream_retries": "Retries of a failed upstream call (0).",
