@@ -367,3 +367,20 @@ async def test_odd_headers_get_their_meaning_or_a_clear_refusal(svc: Running) ->
         assert tail.status_code == 422, (bad, tail.text)
         assert tail.json()["code"] == "INVALID_ARGUMENT"
     assert [e["seq"] for e in (await c.get("/v1/sessions/hd/events")).json()["items"]] == [1, 2]
+
+
+async def test_readyz_says_why_it_is_not_ready(pg_dsn: str) -> None:
+    from alembic import command
+
+    from contextledger.store.migrate import alembic_config, head_revision
+
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as running:
+        c = running.client
+        assert (await c.get("/readyz")).status_code == 200
+        # the schema one migration behind the code: not ready, and which revisions
+        await asyncio.to_thread(command.downgrade, alembic_config(pg_dsn), "-1")
+        behind = await c.get("/readyz")
+        assert behind.status_code == 503
+        assert behind.json()["status"] == "unavailable"
+        assert f"code needs {head_revision()}" in behind.json()["detail"]
+        assert (await c.get("/healthz")).status_code == 200  # alive, only not ready
