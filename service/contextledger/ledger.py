@@ -11,6 +11,7 @@ import asyncio
 import importlib
 import os
 from collections.abc import Generator, Mapping
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -262,9 +263,24 @@ class Ledger:
             session._config = wanted  # same settings, possibly with this process's secrets
         return session
 
-    async def sessions(self) -> list[SessionInfo]:
+    async def sessions(
+        self, *, after: tuple[datetime, str] | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """Sessions oldest first (creation time, then id); a page: the ``limit`` after
+        ``after``, the ``(created_at, session_id)`` of the last one already shown."""
         self._check_open()
-        return await self.store.list_sessions()
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise InvalidArgument("limit must be a positive int", field="limit")
+        if limit is not None and limit < 1:
+            raise InvalidArgument("limit must be a positive int", field="limit")
+        if after is not None:
+            created, last = after if isinstance(after, tuple) and len(after) == 2 else (None, None)
+            if not isinstance(created, datetime) or created.tzinfo is None:
+                raise InvalidArgument(
+                    "after must be (an aware created_at datetime, a session id)", field="after"
+                )
+            after = (created, check_session_id(last))
+        return await self.store.list_sessions(after=after, limit=limit)
 
     async def anchor(self, session_id: str) -> Anchor:
         """The session's current (seq, hash): keep it elsewhere, pass it to ``verify``."""

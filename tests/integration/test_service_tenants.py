@@ -3,6 +3,7 @@ application code is bypassed."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import asyncpg
@@ -181,3 +182,21 @@ async def test_a_role_that_cannot_log_in_is_switched_to_with_a_warning(pg_dsn: s
             async with ledger.store._pool.acquire() as conn:
                 assert await conn.fetchval("SELECT current_user") == "cl_switch_only"
     assert [e["role"] for e in logs if e["event"] == "service_role_switched"] == ["cl_switch_only"]
+
+
+async def test_a_page_of_sessions_is_read_by_the_index_under_rls(pg_dsn: str) -> None:
+    """0009: a tenant's page is a keyset scan of its own index range, not a read of every
+    session and a sort (what the listing did before)."""
+    conn = await _as_service(pg_dsn, "alpha")
+    try:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            plan = await conn.fetchval(
+                "EXPLAIN (FORMAT JSON) SELECT session_id FROM contextledger.sessions"
+                " WHERE (created_at, session_id) > (now(), 'x')"
+                " ORDER BY created_at, session_id LIMIT 10"
+            )
+    finally:
+        await conn.close()
+    text = json.dumps(plan)
+    assert "sessions_by_creation" in text and '"Sort"' not in text, text

@@ -346,3 +346,25 @@ async def test_the_audited_purge_on_both_stores(ledger: Ledger) -> None:
         await store.purge("gone", "again")
     record = [p for p in await store.purges() if p["session_id"] == "gone"]
     assert [(p["reason"], p["events"]) for p in record] == [("asked to forget", head)]
+
+
+async def test_sessions_come_a_page_at_a_time_in_creation_order(ledger: Ledger) -> None:
+    ids = [f"pg-{i}" for i in range(7)]
+    for sid in ids:
+        await ledger.session(sid)
+    everything = await ledger.sessions()
+    assert [s.session_id for s in everything] == ids
+    for size in (1, 2, 3, 7, 50):
+        seen: list[str] = []
+        after = None
+        while True:
+            page = await ledger.sessions(after=after, limit=size)
+            assert len(page) <= size
+            seen += [s.session_id for s in page]
+            if len(page) < size:
+                break
+            after = (page[-1].created_at, page[-1].session_id)
+        assert seen == ids, size
+    for bad in ({"limit": 0}, {"limit": True}, {"after": ("2026", "x")}, {"after": (1,)}):
+        with pytest.raises(InvalidArgument):
+            await ledger.sessions(**bad)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -138,10 +139,13 @@ def _cursor(info: SessionInfo) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode()
 
 
-def _after(cursor: str) -> tuple[str, str]:
+def _after(cursor: str) -> tuple[datetime, str]:
     try:
         created, session_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return str(created), str(session_id)
+        when = datetime.fromisoformat(str(created))
+        if when.tzinfo is None:
+            raise ValueError("naive")
+        return when, str(session_id)
     except (ValueError, TypeError, UnicodeError):
         raise InvalidArgument("cursor is not one this service returned", field="cursor") from None
 
@@ -179,10 +183,7 @@ async def list_sessions(
 ) -> dict[str, Any]:
     """Sessions in creation order, ``limit`` at a time; ``next_cursor`` fetches the next page."""
     ledger = await tenants_of(request).ledger(tenant)
-    infos = await ledger.sessions()
-    if cursor is not None:
-        created, last = _after(cursor)
-        infos = [i for i in infos if (i.created_at.isoformat(), i.session_id) > (created, last)]
+    infos = await ledger.sessions(after=_after(cursor) if cursor else None, limit=limit + 1)
     page = infos[:limit]
     more = len(infos) > limit
     return {

@@ -121,8 +121,11 @@ class Store(abc.ABC):
         """Head, last hash, model, config and view totals; ``SessionNotFound`` if absent."""
 
     @abc.abstractmethod
-    async def list_sessions(self) -> list[SessionInfo]:
-        """Every session, oldest first."""
+    async def list_sessions(
+        self, *, after: tuple[datetime, str] | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """Sessions oldest first (creation time, then id): those after ``after`` (the
+        ``(created_at, session_id)`` a page ended at), ``limit`` at most."""
 
     @abc.abstractmethod
     async def append(

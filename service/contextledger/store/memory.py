@@ -132,6 +132,11 @@ class _Stream:
         self.branch, self.view = list(state.branch), list(state.view)
 
 
+def _creation(info: SessionInfo) -> tuple[datetime, str]:
+    """The listing order, as PostgreSQL's: creation time, then id."""
+    return info.created_at, info.session_id
+
+
 class MemoryStore(Store):
     kind = "memory"
 
@@ -192,8 +197,13 @@ class MemoryStore(Store):
     async def session_info(self, session_id: str) -> SessionInfo:
         return self._get(session_id).info
 
-    async def list_sessions(self) -> list[SessionInfo]:
-        return [s.info for s in sorted(self._streams.values(), key=lambda s: s.info.created_at)]
+    async def list_sessions(
+        self, *, after: tuple[datetime, str] | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        infos = sorted((s.info for s in self._streams.values()), key=_creation)
+        if after is not None:
+            infos = [i for i in infos if _creation(i) > after]
+        return infos if limit is None else infos[:limit]
 
     async def append(
         self,

@@ -744,9 +744,20 @@ class PostgresStore(Store):
         return info
 
     @translated
-    async def list_sessions(self) -> list[SessionInfo]:
+    async def list_sessions(
+        self, *, after: tuple[datetime, str] | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """A page by keyset (migration 0009's index, under row-level security): the rows
+        after the last one shown, not an OFFSET past every earlier one."""
+        where = "WHERE (created_at, session_id) > ($1, $2)" if after is not None else ""
+        args: list[Any] = list(after) if after is not None else []
+        page = f" LIMIT ${len(args) + 1}" if limit is not None else ""
+        if limit is not None:
+            args.append(limit)
         rows = await self._pool.fetch(
-            f"SELECT {SESSION_COLUMNS} FROM {S}.sessions ORDER BY created_at, session_id"
+            f"SELECT {SESSION_COLUMNS} FROM {S}.sessions {where}"
+            f" ORDER BY created_at, session_id{page}",
+            *args,
         )
         return [_info(r) for r in rows]
 
