@@ -171,16 +171,20 @@ async def test_upstream_failures_give_the_same_problems_on_both_paths(
     assert relayed(fake) == [True] * len(FAILURES) + [False] * len(FAILURES)
 
 
-def closed_port() -> int:
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port that refuses connections for the whole test: bound, never listening. (A port
+    bound and released at once could be taken by another test's server meanwhile, which
+    then answered the 'unreachable' request: a 422 instead of the 500 in one suite run.)"""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        yield int(s.getsockname()[1])
 
 
 async def test_unreachable_and_slow_upstreams_give_the_same_problems_on_both_paths(
-    pg_dsn: str, fake: FakeLLM
+    pg_dsn: str, fake: FakeLLM, closed_port: int
 ) -> None:
-    unreachable = f"http://127.0.0.1:{closed_port()}/v1"
+    unreachable = f"http://127.0.0.1:{closed_port}/v1"
     results: dict[bool, list[tuple[int, str, str]]] = {}
     for relay in (True, False):
         fake.script("m", [slow(3, "too late")])
@@ -324,12 +328,12 @@ async def test_a_failed_relay_goes_on_to_the_fallbacks(
 
 @pytest.mark.parametrize("bypass", [False, True], ids=["proxied", "no_proxy"])
 async def test_the_relay_honours_the_proxy_variables_as_litellm_does(
-    pg_dsn: str, fake: FakeLLM, monkeypatch: pytest.MonkeyPatch, bypass: bool
+    pg_dsn: str, fake: FakeLLM, monkeypatch: pytest.MonkeyPatch, bypass: bool, closed_port: int
 ) -> None:
     # the upstream named ``localhost`` goes through HTTP_PROXY (nothing listens there)
     # unless NO_PROXY names it; the test's own calls to 127.0.0.1 never do
     for name in ("HTTP_PROXY", "http_proxy"):
-        monkeypatch.setenv(name, f"http://127.0.0.1:{closed_port()}")
+        monkeypatch.setenv(name, f"http://127.0.0.1:{closed_port}")
     for name in ("NO_PROXY", "no_proxy"):
         monkeypatch.setenv(name, "127.0.0.1,localhost" if bypass else "127.0.0.1")
     base = fake.base_url.replace("127.0.0.1", "localhost")
