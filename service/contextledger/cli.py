@@ -585,28 +585,6 @@ async def keys_revoke(ctx: click.Context, key_id: str) -> None:
     console.print(f"revoked {key_id}")
 
 
-#: ``serve``'s flags spelled out with their own help; every other field of the service's
-#: ``Settings`` gets ``--<name>`` too (``_settings_flags``), parsed as its variable is.
-_SERVE_FLAGS: dict[str, str] = {
-    "host": "Bind address (default 127.0.0.1; beyond loopback only once an API key exists).",
-    "port": "Port (default 8765).",
-    "upstream_api_base": "Where the proxy forwards (an OpenAI-compatible base URL).",
-    "upstream_api_key": "The proxy's key for the upstream.",
-    "proxy_token_budget": "Token budget of the request views the proxy sends.",
-    "service_role": "Database role of tenant connections.",
-    "pool_size": "Database connections per tenant (default 4).",
-    "migrate": "Apply the migrations at start (default on).",
-    "model_map": "JSON object: client model -> litellm model.",
-    "upstream_provider": "litellm provider of an OpenAI-compatible base (hosted_vllm).",
-    "upstream_relay": "Relay OpenAI-compatible requests without litellm (default on).",
-    "fallbacks": "litellm models tried in order when the upstream fails: a,b or JSON "
-    '[{"model": …, "api_base": …, "api_key": …}].',
-    "service_password": "The service role's password, where the server asks for one.",
-    "pass_client_key": "Forward the client's own bearer key to the upstream.",
-    "upstream_timeout": "Seconds to wait for the upstream (600).",
-    "upstream_retries": "Retries of a failed upstream call (0).",
-    "key_cache_seconds": "Seconds a verified API key is trusted before re-reading (5).",
-}
 #: Settings that are not ``serve`` flags: the target comes from ``--dsn``/``--home``, the
 #: logging from ``--log-format`` (before or after the command).
 _NOT_FLAGS = frozenset({"dsn", "home", "log_format"})
@@ -614,8 +592,9 @@ _NOT_FLAGS = frozenset({"dsn", "home", "log_format"})
 
 def _settings_flags(fn: F) -> F:
     """A flag per service setting: ``--model-map '{"gpt-4o": "…"}'``, ``--fallbacks a,b``,
-    ``--pass-client-key true`` … each parsed exactly as its ``CONTEXTLEDGER_<NAME>``."""
-    from dataclasses import fields
+    ``--pass-client-key`` … each parsed exactly as its ``CONTEXTLEDGER_<NAME>``, with the
+    help the setting carries (``Settings``)."""
+    from dataclasses import MISSING, fields
 
     from contextledger.http.settings import ENV_PREFIX, Settings
 
@@ -623,7 +602,9 @@ def _settings_flags(fn: F) -> F:
         if f.name in _NOT_FLAGS:
             continue
         env = ENV_PREFIX + f.name.upper()
-        help_text = _SERVE_FLAGS.get(f.name, "")
+        help_text = f.metadata.get("help", "")
+        if f.default not in (MISSING, None, ()):
+            help_text += f" Default: {f.default}."
         flag = f.name.replace("_", "-")
         decls = [f"--{flag}/--no-{flag}" if str(f.type) == "bool" else f"--{flag}", f.name]
         meta = None if str(f.type) == "bool" else "VALUE"

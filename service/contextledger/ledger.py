@@ -269,9 +269,8 @@ class Ledger:
         """Sessions oldest first (creation time, then id); a page: the ``limit`` after
         ``after``, the ``(created_at, session_id)`` of the last one already shown."""
         self._check_open()
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
-            raise InvalidArgument("limit must be a positive int", field="limit")
-        if limit is not None and limit < 1:
+        wrong = isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        if limit is not None and wrong:
             raise InvalidArgument("limit must be a positive int", field="limit")
         if after is not None:
             created, last = after if isinstance(after, tuple) and len(after) == 2 else (None, None)

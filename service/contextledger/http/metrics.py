@@ -66,6 +66,12 @@ class Metrics:
         self.proxy_tokens = Counter(
             "contextledger_proxy_tokens", "Tokens reported by the upstream", ["kind"], registry=r
         )
+        self.proxy_usage = Counter(
+            "contextledger_proxy_usage_tokens",
+            "Tokens reported by the upstream, by tenant and the model that answered",
+            ["tenant", "model", "kind"],
+            registry=r,
+        )
         r.register(_Pools(pool_stats))
 
     def watch(self, session: Session) -> None:

@@ -37,7 +37,6 @@ import orjson
 import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import Counter
 
 from contextledger import Session
 from contextledger.appends import check_size
@@ -567,12 +566,13 @@ class _Recorder:
         if not isinstance(usage, Mapping):
             return
         model = answered_by if isinstance(answered_by, str) and answered_by else self.model
-        by_tenant = _usage_counter(self.metrics)
         for kind in ("prompt", "completion"):
             value = usage.get(kind + "_tokens")
             if isinstance(value, int) and value > 0:
                 self.metrics.proxy_tokens.labels(kind).inc(value)
-                by_tenant.labels(self.tenant, model[:MODEL_LABEL_MAX], kind).inc(value)
+                self.metrics.proxy_usage.labels(self.tenant, model[:MODEL_LABEL_MAX], kind).inc(
+                    value
+                )
 
     def __call__(self, reply: dict[str, Any]) -> None:
         if self.position < 0 or (reply.get("content") is None and not reply.get("tool_calls")):
@@ -589,23 +589,7 @@ class _Recorder:
         self.tenants.defer(self.tenant, self.session_id, write)
 
 
-#: The app's (``Metrics``) counter of tokens by tenant and model, made on first use
-#: (metrics.py counts them by kind only).
-_usage_counters: weakref.WeakKeyDictionary[Any, Counter] = weakref.WeakKeyDictionary()
 MODEL_LABEL_MAX = 200  # as long as the request's model may be
-
-
-def _usage_counter(metrics: Any) -> Counter:
-    counter = _usage_counters.get(metrics)
-    if counter is None:
-        counter = Counter(
-            "contextledger_proxy_usage_tokens",
-            "Tokens reported by the upstream, by tenant and the model that answered",
-            ["tenant", "model", "kind"],
-            registry=metrics.registry,
-        )
-        _usage_counters[metrics] = counter
-    return counter
 
 
 async def _stream(

@@ -29,47 +29,65 @@ class Fallback:
     api_key: str | None = None
 
 
+def _knob(default: Any, help_text: str) -> Any:
+    """A setting's default and the one line ``contextledger serve --help`` shows for it."""
+    return field(default=default, metadata={"help": help_text})
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything ``create_app`` needs. ``from_env`` reads ``CONTEXTLEDGER_<NAME>``."""
 
     dsn: str | None = None  # None → the embedded PostgreSQL under ``home``
     home: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8765
-    #: The database role tenant connections switch to ("" keeps the DSN's own user).
-    service_role: str = "contextledger_service"
-    #: The service role's password, where the server asks for one (it logs in as the role
-    #: with it; without a login it switches to the role from the DSN's user).
-    service_password: str | None = None
-    pool_size: int = 4  # per tenant
-    migrate: bool = True
-    #: Where the proxy forwards (an OpenAI-compatible base URL) and with which key.
-    upstream_api_base: str | None = None
-    upstream_api_key: str | None = None
+    host: str = _knob("127.0.0.1", "Bind address (beyond loopback only once an API key exists).")
+    port: int = _knob(8765, "Port.")
+    #: The database role tenant connections log in as (else switch to from the DSN's
+    #: user: ``Tenants``); "" keeps the DSN's own user.
+    service_role: str = _knob("contextledger_service", "Database role of tenant connections.")
+    service_password: str | None = _knob(
+        None, "The service role's password, where the server asks for one."
+    )
+    pool_size: int = _knob(4, "Database connections per tenant.")
+    migrate: bool = _knob(True, "Apply the migrations at start.")
+    upstream_api_base: str | None = _knob(
+        None, "Where the proxy forwards (an OpenAI-compatible base URL)."
+    )
+    upstream_api_key: str | None = _knob(None, "The proxy's key for the upstream.")
     #: Client model name → litellm model (default: ``<upstream_provider>/<name>``).
-    model_map: Mapping[str, str] = field(default_factory=dict)
-    #: litellm provider for an OpenAI-compatible ``upstream_api_base``. ``hosted_vllm``
-    #: speaks plain OpenAI HTTP through litellm's own client; ``openai`` goes through the
-    #: OpenAI SDK, whose request transform cost ~30 ms per call here (bench/service.py).
-    upstream_provider: str = "hosted_vllm"
-    #: Relay requests for an OpenAI-compatible upstream (``upstream_api_base`` with a
-    #: ``hosted_vllm/`` or ``openai/`` model) with the proxy's own HTTP client instead of
-    #: litellm, ~7 ms of CPU less a call (http/upstream.py). Off: litellm carries all.
-    upstream_relay: bool = True
-    #: litellm models tried in order when the upstream fails: ``a,b`` (each with the
-    #: primary's base and key), or a JSON list of names and ``{"model", "api_base",
-    #: "api_key"}`` objects (each at its own endpoint: ``Fallback``).
-    fallbacks: tuple[str | Fallback, ...] = ()
-    #: Forward the client's ``Authorization`` bearer to the upstream instead of ours.
-    pass_client_key: bool = False
-    upstream_timeout: float = 600.0
-    upstream_retries: int = 0
-    #: Budget of the request view the proxy sends (None: from the model's limits).
-    proxy_token_budget: int | None = None
+    model_map: Mapping[str, str] = field(
+        default_factory=dict, metadata={"help": "JSON object: client model -> litellm model."}
+    )
+    #: ``hosted_vllm`` speaks plain OpenAI HTTP through litellm's own client; ``openai``
+    #: goes through the OpenAI SDK, whose request transform cost ~30 ms per call here
+    #: (bench/service.py).
+    upstream_provider: str = _knob(
+        "hosted_vllm", "litellm provider of an OpenAI-compatible upstream_api_base."
+    )
+    #: For an OpenAI-compatible upstream (``upstream_api_base`` with a ``hosted_vllm/``
+    #: or ``openai/`` model): ~7 ms of CPU less a call (http/upstream.py).
+    upstream_relay: bool = _knob(
+        True, "Relay OpenAI-compatible requests with our own HTTP client, not litellm."
+    )
+    #: ``a,b``: each with the primary's base and key; JSON objects: each at its own
+    #: endpoint (``Fallback``).
+    fallbacks: tuple[str | Fallback, ...] = _knob(
+        (),
+        "litellm models tried in order when the upstream fails: a,b or JSON "
+        '[{"model": …, "api_base": …, "api_key": …}].',
+    )
+    pass_client_key: bool = _knob(
+        False, "Forward the client's own Authorization bearer to the upstream."
+    )
+    upstream_timeout: float = _knob(600.0, "Seconds to wait for the upstream.")
+    upstream_retries: int = _knob(0, "Retries of a failed upstream call.")
+    proxy_token_budget: int | None = _knob(
+        None, "Token budget of the request views the proxy sends (default: the model's)."
+    )
     log_format: str | None = None
-    #: Seconds a verified API key (or the local-mode check) is trusted before re-reading.
-    key_cache_seconds: float = 5.0
+    key_cache_seconds: float = _knob(
+        5.0, "Seconds a verified API key (or the local-mode check) is trusted."
+    )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
