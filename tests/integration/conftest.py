@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from pytest_postgresql import factories
 from contextledger import Ledger
 from contextledger.store.embedded import prune_stale_pids
 from contextledger.store.migrate import upgrade_sync
+from tests.fakellm import FakeLLM, running_fake_llm
 
 
 def _server() -> tuple[str, int]:
@@ -108,3 +109,10 @@ async def svc(pg_dsn: str) -> AsyncIterator[Any]:
 
     async with running_service(Settings(dsn=pg_dsn, migrate=False, key_cache_seconds=0)) as r:
         yield r
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLLM]:
+    """The test LLM server (tests/fakellm.py) on a loopback port."""
+    with running_fake_llm() as server:
+        yield server

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 import httpx
+import openai
 import uvicorn
 from fastapi import FastAPI
 from openai import AsyncOpenAI
@@ -21,6 +22,7 @@ from contextledger.http.app import create_app
 from contextledger.http.keys import create_key
 from contextledger.http.settings import Settings
 from contextledger.store.dsn import asyncpg_dsn
+from tests.fakellm import FakeLLM
 
 
 @dataclass
@@ -102,3 +104,75 @@ async def branch(svc: Running, dsn: str, session_id: str) -> list[dict[str, Any]
     await svc.app.state.tenants.settled()
     async with Ledger.open(dsn) as ledger:
         return await (await ledger.session(session_id, create=False)).get_messages()
+
+
+@asynccontextmanager
+async def proxy_service(
+    dsn: str, fake: FakeLLM, relay: bool, **overrides: Any
+) -> AsyncIterator[Running]:
+    """The service proxying to ``fake`` with a key of its own, relayed or through litellm."""
+    settings = Settings(
+        dsn=dsn,
+        migrate=False,
+        upstream_api_base=fake.base_url,
+        upstream_api_key="upstream-secret",
+        upstream_relay=relay,
+        **overrides,
+    )
+    async with running_service(settings) as running:
+        yield running
+
+
+async def reply_text(response: Any) -> str:
+    """The answer's text, streamed (``AsyncStream``) or not."""
+    if isinstance(response, openai.AsyncStream):
+        return "".join([c.choices[0].delta.content or "" async for c in response if c.choices])
+    return str(response.choices[0].message.content or "")
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll ``check`` until it holds (a synchronization point, not a timing assertion)."""
+    for _ in range(1000):
+        if await check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+@asynccontextmanager
+async def inserts_held(dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """No event can be written while this is open (reads go on): a write waits for it."""
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE contextledger.events IN SHARE MODE")
+            yield conn
+    finally:
+        await conn.close()
+
+
+async def writes_waiting(conn: asyncpg.Connection) -> int:
+    """How many writes of events wait for ``inserts_held``."""
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted"
+            " AND relation = 'contextledger.events'::regclass"
+        )
+    )
+
+
+@asynccontextmanager
+async def appends_held(
+    dsn: str, start: Callable[[], list[asyncio.Task[httpx.Response]]]
+) -> AsyncIterator[list[asyncio.Task[httpx.Response]]]:
+    """The requests ``start`` sends, held in flight: their appends wait in the database
+    until the block ends (for shutdown tests: the service must finish them)."""
+    async with inserts_held(dsn) as held:
+        sent = start()
+
+        async def waiting() -> bool:
+            return await writes_waiting(held) >= 1
+
+        await until(waiting, "an append waits in the database")
+        await asyncio.sleep(0.3)  # the others reach the service and queue behind it
+        yield sent

@@ -8,14 +8,13 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
+import httpx
 import pytest_asyncio
 import structlog
 
 from contextledger import Ledger
 from contextledger.http.settings import Settings
-from contextledger.store.dsn import asyncpg_dsn
-from tests.integration.service_support import Running, running_service
+from tests.integration.service_support import Running, appends_held, running_service
 
 PROBLEM = "application/problem+json"
 
@@ -282,31 +281,14 @@ async def test_graceful_shutdown_finishes_in_flight_appends(pg_dsn: str) -> None
         c = running.client
         await c.post("/v1/sessions", json={"session_id": "g"})
         await c.post("/v1/sessions/g/messages", json={"message": user("warm")})
-        blocker = await asyncpg.connect(asyncpg_dsn(pg_dsn))
-        tx = blocker.transaction()
-        await tx.start()
-        await blocker.execute(
-            "SELECT 1 FROM contextledger.sessions WHERE session_id = 'g' FOR UPDATE"
-        )
-        sends = [
-            asyncio.create_task(c.post("/v1/sessions/g/messages", json={"message": user(str(i))}))
-            for i in range(5)
-        ]
-        waiting = 0
-        for _ in range(500):  # until an append is blocked on the row lock
-            waiting = await blocker.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND datname = current_database()"
-            )
-            if waiting:
-                break
-            await asyncio.sleep(0.01)
-        assert waiting
-        await asyncio.sleep(0.3)  # the other four reach the server and queue behind it
-        running.server.should_exit = True  # shutdown starts with all five in flight
-        await asyncio.sleep(0.3)
-        await tx.commit()
-        await blocker.close()
+
+        def start() -> list[asyncio.Task[httpx.Response]]:
+            body = [{"message": user(str(i))} for i in range(5)]
+            return [asyncio.create_task(c.post("/v1/sessions/g/messages", json=b)) for b in body]
+
+        async with appends_held(pg_dsn, start) as sends:
+            running.server.should_exit = True  # shutdown starts with all five in flight
+            await asyncio.sleep(0.3)
         answers = await asyncio.gather(*sends)
     assert [r.status_code for r in answers] == [201] * 5
     async with Ledger.open(pg_dsn) as ledger:

@@ -16,7 +16,7 @@ from schemathesis.checks import not_a_server_error
 
 from contextledger.http.openapi import DOCUMENT
 from contextledger.http.settings import Settings
-from tests.fakellm import FakeLLM, running_fake_llm
+from tests.fakellm import FakeLLM
 from tests.integration.service_support import new_key, service_in_thread
 
 schema = schemathesis.openapi.from_dict(json.loads(DOCUMENT.read_text())).exclude(
@@ -41,12 +41,6 @@ def _state(dsn: str) -> tuple[int, ...]:
         ).fetchone()
     assert row is not None
     return tuple(int(v) for v in row)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLLM]:
-    with running_fake_llm() as server:
-        yield server
 
 
 def _service(dsn: str, fake: FakeLLM, key: str | None) -> Iterator[tuple[str, str, dict]]:

@@ -11,11 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import asyncpg
 import httpx
 
 from contextledger import Ledger
-from contextledger.store.dsn import asyncpg_dsn
+from tests.integration.service_support import appends_held
 
 
 def _free_port() -> int:
@@ -69,33 +68,17 @@ async def test_serve_takes_its_flags_after_the_command_and_drains_on_sigterm(
         async with httpx.AsyncClient(base_url=url, timeout=30) as c:
             assert (await c.post("/v1/sessions", json={"session_id": "p"})).status_code == 201
             await c.post("/v1/sessions/p/messages", json={"message": _user("warm")})
-            blocker = await asyncpg.connect(asyncpg_dsn(pg_dsn))
-            tx = blocker.transaction()
-            await tx.start()
-            await blocker.execute(
-                "SELECT 1 FROM contextledger.sessions WHERE session_id = 'p' FOR UPDATE"
-            )
-            sends = [
-                asyncio.create_task(
-                    c.post("/v1/sessions/p/messages", json={"message": _user(str(i))})
-                )
-                for i in range(4)
-            ]
-            for _ in range(500):  # until the appends wait on the row lock
-                waiting = await blocker.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND datname = current_database()"
-                )
-                if waiting:
-                    break
-                await asyncio.sleep(0.01)
-            assert waiting
-            await asyncio.sleep(0.3)
-            proc.send_signal(signal.SIGTERM)  # shutdown starts with the appends in flight
-            await asyncio.sleep(0.3)
-            assert proc.poll() is None  # still draining
-            await tx.commit()
-            await blocker.close()
+
+            def start() -> list[asyncio.Task[httpx.Response]]:
+                body = [{"message": _user(str(i))} for i in range(4)]
+                return [
+                    asyncio.create_task(c.post("/v1/sessions/p/messages", json=b)) for b in body
+                ]
+
+            async with appends_held(pg_dsn, start) as sends:
+                proc.send_signal(signal.SIGTERM)  # shutdown starts with the appends in flight
+                await asyncio.sleep(0.3)
+                assert proc.poll() is None  # still draining
             answers = await asyncio.gather(*sends)
         assert [r.status_code for r in answers] == [201] * 4
         # uvicorn re-raises the signal it caught once drained: "terminated by SIGTERM"

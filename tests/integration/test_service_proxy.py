@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import httpx
 import openai
 import pytest
@@ -17,15 +15,16 @@ from openai import AsyncOpenAI
 from contextledger import Ledger
 from contextledger.http.proxy import position_key
 from contextledger.http.settings import Settings
-from contextledger.store.dsn import asyncpg_dsn
-from tests.fakellm import FakeLLM, ok, running_fake_llm, server_error, slow, tool_call
-from tests.integration.service_support import Running, branch, client, running_service
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLLM]:
-    with running_fake_llm() as server:
-        yield server
+from tests.fakellm import FakeLLM, ok, server_error, slow, tool_call
+from tests.integration.service_support import (
+    Running,
+    branch,
+    client,
+    inserts_held,
+    running_service,
+    until,
+    writes_waiting,
+)
 
 
 @pytest_asyncio.fixture
@@ -296,36 +295,6 @@ async def test_a_rest_append_between_proxy_calls_is_seen(
             if e.type == "message.appended"
         ]
     assert "a note added through the REST API" in contents
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    """Poll ``check`` until it holds (a synchronization point, not a timing assertion)."""
-    for _ in range(1000):
-        if await check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
-
-
-@asynccontextmanager
-async def inserts_held(dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    """No event can be written while this is open (reads go on): a write waits for it."""
-    conn = await asyncpg.connect(asyncpg_dsn(dsn))
-    try:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE contextledger.events IN SHARE MODE")
-            yield conn
-    finally:
-        await conn.close()
-
-
-async def writes_waiting(conn: asyncpg.Connection) -> int:
-    return int(
-        await conn.fetchval(
-            "SELECT count(*) FROM pg_locks WHERE NOT granted"
-            " AND relation = 'contextledger.events'::regclass"
-        )
-    )
 
 
 async def test_the_reply_is_recorded_after_the_response_and_before_the_next_use(

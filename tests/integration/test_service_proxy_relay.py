@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -28,34 +27,23 @@ from tests.fakellm import (
     ok,
     openai_error,
     rate_limited,
-    running_fake_llm,
     server_error,
     slow,
     streamed,
 )
-from tests.integration.service_support import Running, branch, client, running_service
+from tests.integration.service_support import (
+    Running,
+    branch,
+    client,
+    proxy_service,
+    reply_text,
+    running_service,
+)
 
 PATHS = pytest.mark.parametrize("relay", [True, False], ids=["relay", "litellm"])
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeLLM]:
-    with running_fake_llm() as server:
-        yield server
-
-
-@asynccontextmanager
-async def service(dsn: str, fake: FakeLLM, relay: bool, **overrides: Any) -> AsyncIterator[Running]:
-    settings = Settings(
-        dsn=dsn,
-        migrate=False,
-        upstream_api_base=fake.base_url,
-        upstream_api_key="upstream-secret",
-        upstream_relay=relay,
-        **overrides,
-    )
-    async with running_service(settings) as running:
-        yield running
+service = proxy_service
 
 
 def relayed(fake: FakeLLM) -> list[bool]:
@@ -315,10 +303,7 @@ async def test_a_failed_relay_goes_on_to_the_fallbacks(
         response = await client(svc, "fallen").chat.completions.create(
             model="m", messages=[{"role": "user", "content": "x"}], stream=stream
         )
-        if isinstance(response, openai.AsyncStream):
-            text = "".join([c.choices[0].delta.content or "" async for c in response if c.choices])
-        else:
-            text = response.choices[0].message.content or ""
+        text = await reply_text(response)
         stored = await branch(svc, pg_dsn, "fallen")
     assert text == "from the backup"
     assert fake.models_called() == ["m", "backup"]

@@ -7,40 +7,28 @@ Driven by the real ``openai`` SDK over HTTP, upstream = tests/fakellm.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import openai
 import pytest
 
 from contextledger import Ledger
-from contextledger.http.settings import Settings
-from tests.fakellm import FakeLLM, ok, running_fake_llm, server_error
-from tests.integration.service_support import Running, branch, client, running_service
+from tests.fakellm import FakeLLM, ok, server_error
+from tests.integration.service_support import (
+    Running,
+    branch,
+    client,
+    proxy_service,
+    reply_text,
+)
 
 PATHS = pytest.mark.parametrize("relay", [True, False], ids=["relay", "litellm"])
 FILLER = "lorem ipsum " * 30  # ~60 tokens a message: a 400-token budget holds a few turns
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeLLM]:
-    with running_fake_llm() as server:
-        yield server
-
-
-@asynccontextmanager
-async def service(dsn: str, fake: FakeLLM, relay: bool) -> AsyncIterator[Running]:
-    settings = Settings(
-        dsn=dsn,
-        migrate=False,
-        upstream_api_base=fake.base_url,
-        upstream_api_key="upstream-secret",
-        upstream_relay=relay,
-        proxy_token_budget=400,
-    )
-    async with running_service(settings) as running:
-        yield running
+def service(dsn: str, fake: FakeLLM, relay: bool) -> AbstractAsyncContextManager[Running]:
+    return proxy_service(dsn, fake, relay, proxy_token_budget=400)
 
 
 async def converse(oai: openai.AsyncOpenAI, turns: int) -> list[Any]:
@@ -72,10 +60,7 @@ async def test_a_retry_sends_the_budgeted_view_the_first_try_sent(
         # the client never saw the last answer: it resends the same request
         retry = history[:-1]
         response = await oai.chat.completions.create(model="m", messages=retry, stream=stream)
-        if isinstance(response, openai.AsyncStream):
-            text = "".join([c.choices[0].delta.content or "" async for c in response if c.choices])
-        else:
-            text = response.choices[0].message.content or ""
+        text = await reply_text(response)
         assert await branch(svc, pg_dsn, "retried") == stored  # nothing appended twice
     assert await event_count(pg_dsn, "retried") == events
     first, again = fake.calls("m")[-2], fake.calls("m")[-1]

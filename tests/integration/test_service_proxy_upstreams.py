@@ -16,15 +16,15 @@ from openai import AsyncOpenAI
 from contextledger.http.settings import Fallback, Settings
 from contextledger.http.upstream import USER_AGENT
 from tests.fakellm import FakeLLM, ok, running_fake_llm, server_error
-from tests.integration.service_support import branch, client, new_key, running_service
+from tests.integration.service_support import (
+    branch,
+    client,
+    new_key,
+    reply_text,
+    running_service,
+)
 
 PATHS = pytest.mark.parametrize("relay", [True, False], ids=["relay", "litellm"])
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLLM]:
-    with running_fake_llm() as server:
-        yield server
 
 
 @pytest.fixture
@@ -53,10 +53,7 @@ async def test_a_fallback_reaches_another_provider_with_its_own_key(
         response = await client(svc, "elsewhere").chat.completions.create(
             model="m", messages=[{"role": "user", "content": "x"}], stream=stream
         )
-        if isinstance(response, openai.AsyncStream):
-            text = "".join([c.choices[0].delta.content or "" async for c in response if c.choices])
-        else:
-            text = response.choices[0].message.content or ""
+        text = await reply_text(response)
         stored = await branch(svc, pg_dsn, "elsewhere")
     assert text == "from the other provider"
     assert fake.models_called() == ["m"]  # the primary failed; nothing else went there
