@@ -16,6 +16,7 @@ view is finished the same way every time (so the prompt prefix stays stable).
 from __future__ import annotations
 
 import copy
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,8 +49,13 @@ def _other(role: str) -> str | None:
     return {"user": "assistant", "assistant": "user"}.get(role)
 
 
-#: ``(ref, kind, target model) -> (the item's message, its finished form, flat?)``
-FinishCache = dict[tuple[Any, ...], tuple[Mapping[str, Any], dict[str, Any] | None, bool]]
+#: One item's finished form: ``(the item, its finished message, flat?, plain?)``; plain:
+#: not a summary (no bridge to look for) and flat (a shallow copy is a copy).
+Finished = tuple[ViewItem, dict[str, Any] | None, bool, bool]
+#: ``target model -> id(item) -> Finished``: keyed by identity (a hit is checked to be the
+#: same item, which the entry keeps alive), since the planner hands the same items out
+#: request after request; the lookups of a whole view then run at C speed.
+FinishCache = dict[str | None, dict[int, Finished]]
 
 
 def _flat(message: Mapping[str, Any]) -> bool:
@@ -57,25 +63,25 @@ def _flat(message: Mapping[str, Any]) -> bool:
 
 
 def _finish_one(
-    item: ViewItem, reasoning: bool, strip: bool, cache: FinishCache | None, model: str | None
+    item: ViewItem,
+    reasoning: bool,
+    strip: bool,
+    cache: dict[int, Finished] | None,
 ) -> dict[str, Any] | None:
     """One item's finished message (None: nothing left once thinking is stripped). A cache
     keeps the finished form of items seen before, so a request costs one copy per item."""
-    key = (item.ref, item.kind, model)
-    hit = cache.get(key) if cache is not None else None
-    if hit is None or hit[0] is not item.message:
+    hit = cache.get(id(item)) if cache is not None else None
+    if hit is None or hit[0] is not item:
         hit = _finished(item, reasoning, strip)
         if cache is not None:
-            cache[key] = hit
-    _, done, flat = hit
+            cache[id(item)] = hit
+    done, flat = hit[1], hit[2]
     if done is None:
         return None
     return dict(done) if flat else copy.deepcopy(done)
 
 
-def _finished(
-    item: ViewItem, reasoning: bool, strip: bool
-) -> tuple[Mapping[str, Any], dict[str, Any] | None, bool]:
+def _finished(item: ViewItem, reasoning: bool, strip: bool) -> Finished:
     message = dict(item.message)
     if item.kind == "summary" and reasoning and message.get("role") == "assistant":
         message = add_reasoning_block(message)
@@ -83,7 +89,8 @@ def _finished(
     if strip:
         stripped = strip_signed_thinking([message])
         done = stripped[0] if stripped else None
-    return item.message, done, done is not None and _flat(done)
+    flat = done is not None and _flat(done)
+    return item, done, flat, flat and item.kind != "summary"
 
 
 def finish_request_view(
@@ -106,27 +113,33 @@ def finish_marked(
     way while recall's search is out, then puts the recall block in (``splice_safe``)."""
     reasoning = needs_reasoning_block(target_model or "")
     strip = not is_anthropic(target_model)
-    if cache is not None and len(cache) > len(items) + len(items) // 4 + 64:
-        # Bounded by what requests carry, not by history: what this request no longer
-        # carries goes (clearing all at 4x made a session's memory swing by 2x).
-        keep = {(item.ref, item.kind, target_model) for item in items}
-        for key in [k for k in cache if k not in keep]:
-            del cache[key]
-    out: list[dict[str, Any]] = []
+    known: dict[int, Finished] | None = None
+    if cache is not None:
+        known = cache.setdefault(target_model, {})
+        if len(known) > len(items) + len(items) // 4 + 64:
+            # Bounded by what requests carry, not by history: what this request no longer
+            # carries goes (clearing all at 4x made a session's memory swing by 2x).
+            keep = set(map(id, items))
+            for key in [k for k in known if k not in keep]:
+                del known[key]
+        # Every item seen before, plain: the copies, all at C speed (~0.1 of the loop's cost)
+        hits = list(map(known.get, map(id, items)))
+        if (
+            None not in hits
+            and all(map(operator.is_, map(_ITEM, hits), items))  # type: ignore[arg-type]
+            and all(map(_PLAIN, hits))  # type: ignore[arg-type]
+        ):
+            out = list(map(dict, map(_DONE, hits)))  # type: ignore[arg-type]
+            return out, mark if 0 <= mark < len(items) else len(out)
+    out = []
     append = out.append
     last = len(items) - 1
-    seen = cache.get if cache is not None else None
     cut = -1
     for n, item in enumerate(items):
         if n == mark:
             cut = len(out)
         if item.kind != "summary":  # the common case: no bridge to look for
-            hit = seen((item.ref, item.kind, target_model)) if seen is not None else None
-            if hit is not None and hit[0] is item.message:  # _finish_one's hit, inlined
-                if hit[1] is not None:
-                    append(dict(hit[1]) if hit[2] else copy.deepcopy(hit[1]))
-                continue
-            message = _finish_one(item, reasoning, strip, cache, target_model)
+            message = _finish_one(item, reasoning, strip, known)
             if message is not None:
                 append(message)
             continue
@@ -134,12 +147,15 @@ def finish_marked(
         bridge_role = _other(role)
         if bridge_role and out and out[-1].get("role") == role:
             append({"role": bridge_role, "content": BRIDGES[bridge_role]})
-        message = _finish_one(item, reasoning, strip, cache, target_model)
+        message = _finish_one(item, reasoning, strip, known)
         if message is not None:
             append(message)
         if bridge_role and n < last and items[n + 1].message.get("role") == role:
             append({"role": bridge_role, "content": BRIDGES[bridge_role]})
     return out, len(out) if cut < 0 else cut
+
+
+_ITEM, _DONE, _PLAIN = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(3)
 
 
 def splice_safe(items: Sequence[ViewItem], at: int) -> bool:

@@ -108,7 +108,35 @@ def test_the_finish_cache_holds_what_requests_carry_not_history(
         assert finish_request_view(items, target_model="gpt-4o", cache=cache) == (
             finish_request_view(items, target_model="gpt-4o")
         )
-        assert len(cache) <= len(items) + len(items) // 4 + 64 + window
+        assert len(cache["gpt-4o"]) <= len(items) + len(items) // 4 + 64 + window
+
+
+@given(view=conversations(), model=st.sampled_from(["gpt-4o", "claude-sonnet-4-5", None]))
+def test_a_warm_cache_hands_out_copies_equal_to_a_cold_finish(
+    view: tuple[ViewItem, ...], model: str | None
+) -> None:
+    # The same items again (as the planner hands them out) take the cache's fast path:
+    # the same messages as finishing without a cache, and copies: what a caller does to
+    # one request's messages never reaches the next request.
+    cold = finish_request_view(view, target_model=model)
+    cache: FinishCache = {}
+    for _ in range(3):
+        out = finish_request_view(view, target_model=model, cache=cache)
+        assert out == cold
+        for message in out:
+            message["content"] = "changed by the caller"
+            message["extra"] = 1
+    assert finish_request_view(view, target_model=model, cache=cache) == cold
+
+
+def test_an_item_rebuilt_with_the_same_ref_is_finished_afresh() -> None:
+    # The cache is keyed by the item itself: a reloaded item (same ref, new message) is
+    # never served the finished form of the one it replaced.
+    cache: FinishCache = {}
+    first = [ViewItem((1, 0), 8, {"role": "user", "content": "old"}, 3)]
+    assert finish_request_view(first, target_model="gpt-4o", cache=cache)[0]["content"] == "old"
+    again = [ViewItem((1, 0), 8, {"role": "user", "content": "new"}, 3)]
+    assert finish_request_view(again, target_model="gpt-4o", cache=cache)[0]["content"] == "new"
 
 
 @given(
