@@ -15,7 +15,7 @@ rebuilds the block a live request made at that seq carried.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -28,6 +28,7 @@ from contextledger.core.recall import (
     latest_turn,
     message_text,
     pick,
+    query_anchor,
     query_text,
     recall_budget,
 )
@@ -72,23 +73,31 @@ async def recall_for_request(
     was left out, recall is off, or there is no user turn to search for).
 
     ``branch`` (a replay's branch as of ``upto_seq``) also means: never call the
-    embedder, use only the embeddings a live request had made by then."""
+    embedder, use only the embeddings a live request had made by then.
+
+    The lexical search is taken as of the query's last message (``query_anchor``), not
+    ``upto_seq``: what came after the question (its answer, tool results) is carried by
+    the request, and a search anchored there can start before the request is built."""
     query = query_text(view)
     if not config.enabled or not query.strip() or budget_tokens <= 0:
         return RecallBlock(None, (), 0, query)
+    anchor = query_anchor(view, upto_seq)
     # ``ref[0]`` is the seq (the property costs a call per item: a third of this line)
-    carried = {i.ref[0] for i in view if i.ref[0] > 0 and i.kind in _CARRIED}
+    carried = {i.ref[0] for i in view if 0 < i.ref[0] <= anchor and i.kind in _CARRIED}
     matches, messages = await store.search_messages(
         session_id,
         query,
         exclude=carried,
-        upto_seq=upto_seq,
+        upto_seq=anchor,
         branch=branch,
         limit=config.max_matches,
         text_config=config.text_search_config,
     )
     ranked = [seq for seq, _ in matches]
-    if config.engine == "hybrid" and config.embedding_model:
+    # hybrid's embeddings are searched up to ``upto_seq``, as are their units' neighbours
+    hybrid = config.engine == "hybrid" and bool(config.embedding_model)
+    if hybrid:
+        carried = {i.ref[0] for i in view if i.ref[0] > 0 and i.kind in _CARRIED}
         nearest = await _semantic(
             store, session_id, view, config, upto_seq, branch, carried, api_key
         )
@@ -110,7 +119,7 @@ async def recall_for_request(
     window -= carried | set(ranked)
     if window:
         messages += await store.recall_messages(
-            session_id, window, upto_seq=upto_seq, branch=branch
+            session_id, window, upto_seq=upto_seq if hybrid else anchor, branch=branch
         )
     return pick(
         ranked,
@@ -230,17 +239,25 @@ async def recall_block(
     the hook bus when not empty."""
     if not room:
         return RecallBlock(None, (), 0, "")
-    block = await recall_for_request(
-        session._store,
-        session.session_id,
-        view=view,
-        budget_tokens=room,
-        config=cfg.recall,
-        counter=session.counter,
-        upto_seq=upto_seq,
-        branch=branch,
-        api_key=embedding_key(session, cfg),
+    return await announced(
+        session,
+        recall_for_request(
+            session._store,
+            session.session_id,
+            view=view,
+            budget_tokens=room,
+            config=cfg.recall,
+            counter=session.counter,
+            upto_seq=upto_seq,
+            branch=branch,
+            api_key=embedding_key(session, cfg),
+        ),
     )
+
+
+async def announced(session: RecallingSession, search: Awaitable[RecallBlock]) -> RecallBlock:
+    """``search``'s block, announced on the hook bus (``context:include``) when not empty."""
+    block = await search
     if not block.empty:
         await session.hooks.emit(
             hk.INCLUDE, {"source": "recall", "seqs": list(block.seqs), "tokens": block.tokens}

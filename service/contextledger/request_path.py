@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from contextledger import hooks as hk
@@ -30,13 +31,26 @@ from contextledger.core.compaction.finish import (
 from contextledger.core.config import ContextConfig
 from contextledger.core.events import CheckpointCreated, MessageAppended, Payload
 from contextledger.core.projection import ViewState, message_item
-from contextledger.core.recall import block_item, latest_turn
+from contextledger.core.recall import (
+    RecallBlock,
+    block_item,
+    latest_turn,
+    query_anchor,
+    query_end,
+)
 from contextledger.core.tokens import TokenCounter
+from contextledger.core.units import tool_calls
 from contextledger.core.view import ViewItem
 from contextledger.errors import CompactionError
 from contextledger.hooks import HookBus
 from contextledger.protocols import LedgerHandle
-from contextledger.recall import recall_block, reserve_for, with_recall
+from contextledger.recall import (
+    announced,
+    recall_block,
+    recall_for_request,
+    reserve_for,
+    with_recall,
+)
 from contextledger.store.base import AppendResult, Store
 
 __all__ = ["RequestPath", "RequestingSession", "target_model"]
@@ -80,8 +94,46 @@ def target_model(provider: Any | None, default: str | None) -> str | None:
     return name if isinstance(name, str) and name else default
 
 
+@dataclass(slots=True)
+class _Speculation:
+    """A recall search started when the message that sets the next request's query was
+    appended (``RequestPath.on_append``), for the view the planner then held."""
+
+    task: asyncio.Future[RecallBlock]
+    #: the view's items up to the query's last message, and what the search was given
+    prefix: tuple[ViewItem, ...]
+    anchor: int
+    room: int
+    config: ContextConfig
+
+
+def _retrieved(task: asyncio.Future[RecallBlock]) -> None:
+    """A speculation nobody awaits: its outcome is dropped (a request that needs the
+    answer searches again), never reported as an unretrieved exception."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _calls_tools(payload: Payload) -> bool:
+    return isinstance(payload, MessageAppended) and bool(tool_calls(payload.message))
+
+
+def _carries_below(items: Sequence[ViewItem], anchor: int) -> bool:
+    """Whether any of ``items`` stands for a ledger message at or before ``anchor``."""
+    return any(0 < i.ref[0] <= anchor and i.kind in ("message", "synthetic") for i in items)
+
+
 class RequestPath:
-    """Request views for one ``Session``, with the planner state kept between them."""
+    """Request views for one ``Session``, with the planner state kept between them.
+
+    Recall's search is anchored at the query's last message (``query_anchor``), so when
+    that message is a tool call the search starts as it is appended, for the view the
+    planner holds then, and runs while the tool does; the request after the results uses
+    its answer when its own view agrees up to the call (same items, nothing older carried
+    after it, same recall room and config): the same search, with the same answer. Not
+    after a human turn: the request follows it at once, and on two cores a search beside
+    the next append slowed the turn (1.6 -> 1.7-2.0 ms at 1,000-3,000 turns, bench/turns.py).
+    """
 
     def __init__(self, session: RequestingSession) -> None:
         self._s = session
@@ -98,6 +150,12 @@ class RequestPath:
         self.token_budget: int | None = None
         self._seen_passes = 0
         self._finished: FinishCache = {}
+        #: the recall room of the last request (a speculation searches for that room)
+        self._room = 0
+        self._spec: _Speculation | None = None
+        #: requests that used a speculation, and that searched afresh after one
+        self.speculation_hits = 0
+        self.speculation_misses = 0
 
     # -- kept in step by the write path's appends ------------------------------------------
 
@@ -117,11 +175,83 @@ class RequestPath:
             self._planned = result.seq
             if planner.view_tokens != result.view_tokens:  # out of step: read afresh
                 self.planner = None
+            elif _calls_tools(payloads[-1]):
+                self._speculate(planner)
         self._checked = not moved
 
     def view_changed(self) -> None:
         """A cold-path event rewrote the view: the next request reloads the tail."""
         self.planner = None
+        self._drop_speculation()
+
+    def _speculate(self, planner: RequestPlanner) -> None:
+        """Start the next request's recall search now (see the class docstring)."""
+        s = self._s
+        cfg = s._config
+        room = self._room
+        if not room or not s._store.concurrent_search or cfg.recall.engine == "hybrid":
+            return
+        self._drop_speculation()
+        try:
+            items = planner.view(s._ephemeral)
+        except CompactionError:  # the request will say so
+            return
+        end = query_end(items)
+        at = latest_turn(items)
+        if end is None or at is None or not splice_safe(items, at):
+            return
+        anchor = query_anchor(items, s._head)
+        if anchor != items[end].ref[0] or _carries_below(items[end + 1 :], anchor):
+            return
+        task = asyncio.ensure_future(
+            recall_for_request(
+                s._store,
+                s.session_id,
+                view=items,
+                budget_tokens=room,
+                config=cfg.recall,
+                counter=s.counter,
+                upto_seq=s._head,
+                branch=None,
+            )
+        )
+        task.add_done_callback(_retrieved)
+        self._spec = _Speculation(task, tuple(items[: end + 1]), anchor, room, cfg)
+
+    def _drop_speculation(self) -> None:
+        # A search in flight is left to finish (its outcome dropped, ``_retrieved``):
+        # cancelling a query costs the server a cancel request and the pool a connection
+        # reset, more than the search itself.
+        self._spec = None
+
+    def _speculated(
+        self, items: Sequence[ViewItem], room: int, cfg: ContextConfig
+    ) -> asyncio.Future[RecallBlock] | None:
+        """The speculation's search if it is the one this request would start, else None."""
+        spec, self._spec = self._spec, None
+        if spec is None:
+            return None
+        end = query_end(items)
+        if (
+            end is not None
+            and spec.room == room
+            and spec.config is cfg
+            and len(spec.prefix) == end + 1
+            and query_anchor(items, self._s._head) == spec.anchor
+            and not (spec.task.done() and (spec.task.cancelled() or spec.task.exception()))
+            and tuple(items[: end + 1]) == spec.prefix
+            and not _carries_below(items[end + 1 :], spec.anchor)
+        ):
+            self.speculation_hits += 1
+            return spec.task
+        self.speculation_misses += 1
+        return None
+
+    async def close(self) -> None:
+        """Wait for a speculation in flight (a search of about a millisecond)."""
+        spec, self._spec = self._spec, None
+        if spec is not None:
+            await asyncio.wait([spec.task])
 
     def on_refresh(self) -> None:
         """The session re-read its head: the next request checks it again."""
@@ -165,14 +295,20 @@ class RequestPath:
         # the provider: the search's statement goes out first, and the view is finished
         # while the server works (0.3 ms of a ~2 ms request at 800 items)
         model = target_model(provider, s.model)
+        self._room = recall_room
         at = latest_turn(items) if recall_room else None
         if at is None or not splice_safe(items, at):
+            self._drop_speculation()
             sent = await with_recall(s, items, recall_room, cfg, upto_seq=s._head, branch=None)
             return finish_request_view(sent, target_model=model, cache=self._finished)
-        search = asyncio.ensure_future(
-            recall_block(s, items, recall_room, cfg, upto_seq=s._head, branch=None)
-        )
-        await asyncio.sleep(0)  # the search runs up to its first wait: the statement is sent
+        speculated = self._speculated(items, recall_room, cfg)
+        if speculated is not None:
+            search = asyncio.ensure_future(announced(s, speculated))
+        else:
+            search = asyncio.ensure_future(
+                recall_block(s, items, recall_room, cfg, upto_seq=s._head, branch=None)
+            )
+            await asyncio.sleep(0)  # the search runs up to its first wait: the statement is sent
         try:
             out, cut = finish_marked(items, at, target_model=model, cache=self._finished)
         except BaseException:

@@ -121,6 +121,33 @@ def query_text(view: Sequence[ViewItem]) -> str:
     return "\n".join(p for p in parts if p)
 
 
+def query_end(view: Sequence[ViewItem]) -> int | None:
+    """Index of the last item ``query_text`` reads: the latest tool call after the latest
+    human turn, else that turn (None if there is none)."""
+    start = latest_turn(view)
+    if start is None:
+        return None
+    end = start
+    for index in range(start + 1, len(view)):
+        if tool_calls(view[index].message):
+            end = index
+    return end
+
+
+def query_anchor(view: Sequence[ViewItem], head: int) -> int:
+    """The seq a lexical recall search is taken at: that of the last message its query
+    reads (``query_end``), so the search depends on the ledger as of the question, not on
+    what came after it (a reply, tool results). A search can then start as soon as that
+    message is appended and still be the one the request would make (the request path
+    speculates so), and a replay anchors it the same way. ``head`` (the request's seq)
+    when that message has no seq (an ephemeral one) or there is no query."""
+    end = query_end(view)
+    if end is None:
+        return head
+    seq = view[end].ref[0] if view[end].kind in ("message", "synthetic") else 0
+    return seq if 0 < seq <= head else head
+
+
 #: Reciprocal rank fusion's constant (Cormack et al. 2009): ranks, not scores, are fused.
 RRF_K = 60
 

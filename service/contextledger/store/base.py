@@ -109,6 +109,10 @@ class Store(abc.ABC):
     """Persistence for sessions, their events and the inline projection."""
 
     kind: str = "abstract"
+    #: Whether a search runs while the caller goes on (a server does the work): the
+    #: request path then starts recall's search before the request (an in-process
+    #: search would only run at the caller's next wait, on the same thread).
+    concurrent_search: bool = False
 
     @abc.abstractmethod
     async def create_session(

@@ -212,7 +212,7 @@ MAX_REMEMBERED = 4096
 class _ClosedGate(NamedTuple):
     """A live search whose gate found nothing left out, remembered by the store."""
 
-    seq: int  # the request's seq then
+    seq: int  # the seq that search was taken at
     gaps: frozenset[int]  # the seqs it left out (none a branch message)
     tip: tuple[int, str]  # (seq, hash) of the chain as this store has extended it since
 
@@ -510,6 +510,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 class PostgresStore(Store):
     kind = "postgres"
+    concurrent_search = True
 
     def __init__(
         self,
@@ -1339,18 +1340,22 @@ class PostgresStore(Store):
         """The search's rows, best first: (seq, rank, message JSON, tokens)."""
         gaps = gate_gaps(upto_seq, exclude)
         closed = self._closed.get(session_id) if branch is None else None
+        start = self._heads.get(session_id)
         if (
             closed is not None
             and gaps is not None
-            and closed.tip[0] == upto_seq < closed.seq + RECHECK_AFTER
-            and closed.tip == self._heads.get(session_id)
+            and upto_seq <= closed.tip[0]
+            and upto_seq < closed.seq + RECHECK_AFTER
+            and closed.tip == start
             and closed.gaps.issuperset(gaps)
         ):
-            # Every seq left out now was left out then, when none was a branch message;
-            # every seq since is carried, so no event changed the branch: nothing is left
-            # out (a replay of this request runs the search, and finds nothing either).
-            # The seqs since were appended through this store onto the chain that search
-            # saw (a purged and re-created session is another chain: never skipped).
+            # Every seq left out now was left out then, when none was a branch message,
+            # and the branch is the one that search saw: every event since was a message
+            # appended through this store onto its chain (``_advance``; any other event,
+            # or another writer, forgets the gate; a purged and re-created session is
+            # another chain). So nothing is left out (a replay of this request runs the
+            # search, and finds nothing either). A search anchored before the head (at
+            # its query, ``core.recall.query_anchor``) is covered the same way.
             return []
         args: list[Any] = [session_id, query, upto_seq, seq_ranges(exclude)]
         args += [seq_ranges(branch) if branch is not None else None, text_config, limit]
@@ -1394,7 +1399,10 @@ class PostgresStore(Store):
             self._closed.pop(session_id, None)
             tip = self._heads.get(session_id)
             closed_now = any(r[0] == CLOSED for r in rows)
-            if gaps is not None and closed_now and tip is not None and tip[0] == upto_seq:
+            # remembered only if nothing was appended here while it ran (the gate must
+            # follow the chain from the state the search saw)
+            seen = tip is not None and tip == start and tip[0] >= upto_seq
+            if gaps is not None and closed_now and tip is not None and seen:
                 if len(self._closed) >= MAX_REMEMBERED:
                     del self._closed[next(iter(self._closed))]
                 self._closed[session_id] = _ClosedGate(upto_seq, frozenset(gaps), tip)

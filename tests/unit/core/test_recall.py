@@ -16,10 +16,13 @@ from contextledger.core.recall import (
     message_text,
     pick,
     place,
+    query_anchor,
+    query_end,
     query_text,
     units_of,
 )
 from contextledger.core.units import result_ids, tool_calls
+from contextledger.core.view import ViewItem
 from contextledger.errors import ConfigError
 from tests.unit.strategies import (
     COUNTER,
@@ -146,6 +149,48 @@ def test_query_is_the_latest_human_turn_and_a_pending_call() -> None:
     text = query_text(view)
     assert "which port" in text and "reading" in text and "old question" not in text
     assert query_text(items([assistant("hello")])) == ""
+
+
+def test_a_search_is_anchored_at_the_last_message_its_query_reads() -> None:
+    # seqs 10.. : the question (11), a reply, a tool call (13), its result, a reply
+    view = items(
+        [
+            user("old"),
+            user("which port does the gateway use?"),
+            assistant("let me look"),
+            openai_call([("c1", "read_file")]),
+            openai_result("c1", "8443"),
+            assistant("8443"),
+        ],
+        first_seq=10,
+    )
+    assert query_end(view) == 3 and query_anchor(view, head=15) == 13
+    no_call = view[:3]
+    assert query_end(no_call) == 1 and query_anchor(no_call, head=12) == 11
+    # no human turn: nothing to search for, the request's own seq
+    assert query_end(items([assistant("hi")])) is None
+    assert query_anchor(items([assistant("hi")]), head=4) == 4
+    # a question that is not in the ledger (an ephemeral message) anchors at the head
+    ephemeral = (*view[:2], ViewItem((-12, 0), 12 * 10**6 + 5, user("now?"), 3, kind="ephemeral"))
+    assert query_anchor(ephemeral, head=12) == 12
+
+
+@given(st.lists(st.sampled_from(["u", "a", "c", "r"]), min_size=1, max_size=30))
+def test_an_anchor_never_passes_the_head_and_reads_the_query_s_last_message(
+    shape: list[str],
+) -> None:
+    made = {"u": user("q"), "a": assistant("x"), "c": openai_call([("c", "f")]),
+            "r": openai_result("c", "ok")}  # fmt: skip
+    view = items([made[k] for k in shape])
+    head = len(shape)
+    end = query_end(view)
+    anchor = query_anchor(view, head)
+    assert 1 <= anchor <= head
+    if end is None:
+        assert "u" not in shape and anchor == head
+    else:
+        assert view[end].seq == anchor and shape[end] in "uc"
+        assert "u" not in shape[end + 1 :] and "c" not in shape[end + 1 :]
 
 
 def test_message_text_covers_tool_arguments_and_results() -> None:
