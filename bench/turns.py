@@ -21,7 +21,9 @@ issue: ``max_tokens`` 6000 + ``auto_compact`` truncate):
   store or counter) at each length;
 * database bytes per event (events + view, branch and search-vector rows of the session).
 
-Run: ``.venv/bin/python bench/turns.py`` (``--quick``: 100/1,000/2,000 turns).
+Run: ``.venv/bin/python bench/turns.py`` (``--quick``: 100/1,000/2,000 turns;
+``--tool-loop 5000``: what a request waits for after a human turn and after a tool's
+results, whose recall search started when the call was appended).
 Deterministic messages; prints figures, asserts nothing.
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import random
 import statistics
 import sys
@@ -211,7 +214,6 @@ async def raw_floor(
             f"SELECT role, content::text FROM {table} WHERE session_id = $1"
             " ORDER BY id DESC LIMIT $2"
         )
-        import json
 
         times: list[float] = []
         out: dict[int, float] = {}
@@ -321,10 +323,53 @@ async def bench_store(store: str, dsn: str | None, args: argparse.Namespace) -> 
     return results
 
 
+async def tool_loop(dsn: str, history: int, loops: int, tool_ms: float) -> str:
+    """What a request waits for in an agent's tool loop (no config, PostgreSQL): after a
+    human turn the recall search runs in the request; after a tool's results it was started
+    when the call was appended, and ran while the tool did (``tool_ms`` of sleep)."""
+    async with Ledger.open(dsn, migrate=True) as ledger:
+        session = await ledger.session("bench-tool-loop", model=MODEL)
+        pairs = [m for pair in messages(history) for m in pair]
+        for start in range(0, len(pairs), 1000):
+            await session.add_messages(pairs[start : start + 1000])
+        await session.get_messages_for_request()  # indexes the history once
+        rng = random.Random(7)
+        after_turn: list[float] = []
+        after_tool: list[float] = []
+        for n in range(loops):
+            await session.add_message({"role": "user", "content": f"turn {n}: {_text(rng, 30)}"})
+            start = time.perf_counter()
+            await session.get_messages_for_request()
+            after_turn.append(time.perf_counter() - start)
+            grep = {"name": "grep", "arguments": json.dumps({"q": _text(rng, 3)})}
+            call = {"id": f"c{n}", "type": "function", "function": grep}
+            await session.add_message({"role": "assistant", "content": None, "tool_calls": [call]})
+            await asyncio.sleep(tool_ms / 1000)
+            await session.add_message(
+                {"role": "tool", "tool_call_id": f"c{n}", "content": _text(rng, 80)}
+            )
+            start = time.perf_counter()
+            await session.get_messages_for_request()
+            after_tool.append(time.perf_counter() - start)
+            await session.add_message({"role": "assistant", "content": _text(rng, 40)})
+        hits = session._requests.speculation_hits
+        return (
+            f"### tool loop (PostgreSQL, no config, {history:,} turns of history, tool "
+            f"{tool_ms:g} ms)\n\n| request ms (median / p95) | after a human turn | after the "
+            f"tool's results |\n|---|---:|---:|\n| no config | "
+            f"{statistics.median(after_turn) * 1000:.2f} / {_pct(after_turn, 0.95) * 1000:.2f} | "
+            f"{statistics.median(after_tool) * 1000:.2f} / {_pct(after_tool, 0.95) * 1000:.2f} |"
+            f"\n\nsearches started at the call and used: {hits} of {loops}"
+        )
+
+
 async def main_async(args: argparse.Namespace) -> None:
     from bench._pg import embedded_server
 
     with embedded_server() as dsn:
+        if args.tool_loop:
+            print(await tool_loop(dsn, args.tool_loop, 200, args.tool_ms))
+            return
         print("raw floor...", file=sys.stderr)
         floor = await raw_floor(dsn, args.lengths, args.window)
         runs = {}
@@ -358,6 +403,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-seconds", type=float, default=900.0, help="stop a configuration after this long"
     )
+    parser.add_argument(
+        "--tool-loop",
+        type=int,
+        default=0,
+        metavar="TURNS",
+        help="instead: request latency in a tool loop after TURNS turns of history",
+    )
+    parser.add_argument("--tool-ms", type=float, default=5.0, help="the tool's run time")
     args = parser.parse_args(argv)
     lengths = args.lengths or ("100,1000,2000" if args.quick else "100,1000,5000,20000")
     args.lengths = sorted(int(x) for x in lengths.split(","))
