@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Collection, Sequence
+from operator import attrgetter, itemgetter
 from typing import Any, Protocol
 
 import structlog
@@ -52,6 +53,25 @@ MAX_EMBED_CHARS = 8000
 _CARRIED = frozenset({"message", "synthetic"})
 
 
+_KIND, _REF, _SEQ = attrgetter("kind"), attrgetter("ref"), itemgetter(0)
+
+
+def carried_seqs(view: Sequence[ViewItem], upto: int) -> set[int]:
+    """The seqs of ledger messages ``view`` carries, up to ``upto``. A view of messages
+    only (the usual one: no summary, no ephemeral message) is read at C speed (a
+    comprehension over ~800 items was ~50 µs of a request)."""
+    if set(map(_KIND, view)) <= _CARRIED:  # message items always have a ledger seq
+        seqs: set[int] = set(map(_SEQ, map(_REF, view)))
+        top = max(seqs, default=0)
+        if top > upto:  # the few carried after the anchor (a reply, tool results)
+            if top - upto < len(seqs):
+                seqs.difference_update(range(upto + 1, top + 1))
+            else:
+                seqs = {s for s in seqs if s <= upto}
+        return seqs
+    return {i.ref[0] for i in view if 0 < i.ref[0] <= upto and i.kind in _CARRIED}
+
+
 def reserve_for(budget_tokens: int, config: RecallConfig) -> int:
     """Tokens of a request budget kept for the recall block (0 when recall is off)."""
     return recall_budget(budget_tokens, config.share) if config.enabled else 0
@@ -82,8 +102,7 @@ async def recall_for_request(
     if not config.enabled or not query.strip() or budget_tokens <= 0:
         return RecallBlock(None, (), 0, query)
     anchor = query_anchor(view, upto_seq)
-    # ``ref[0]`` is the seq (the property costs a call per item: a third of this line)
-    carried = {i.ref[0] for i in view if 0 < i.ref[0] <= anchor and i.kind in _CARRIED}
+    carried = carried_seqs(view, anchor)
     matches, messages = await store.search_messages(
         session_id,
         query,
@@ -97,7 +116,7 @@ async def recall_for_request(
     # hybrid's embeddings are searched up to ``upto_seq``, as are their units' neighbours
     hybrid = config.engine == "hybrid" and bool(config.embedding_model)
     if hybrid:
-        carried = {i.ref[0] for i in view if i.ref[0] > 0 and i.kind in _CARRIED}
+        carried = carried_seqs(view, upto_seq)
         nearest = await _semantic(
             store, session_id, view, config, upto_seq, branch, carried, api_key
         )
