@@ -77,7 +77,7 @@ class Ledger:
         self._warm_models: set[str] = set()
         self._remember_secrets(self.config)
         self._closed = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
         #: seconds ``close()`` waits for background summaries before cancelling them
         self.close_timeout = 30.0
 

@@ -35,8 +35,9 @@ class LedgerHandle(Protocol):
     hook_target: Any | None
     pre_compact: PreCompactHandler | None
     _secrets: dict[tuple[str, str | None], str]
-    #: work a session started in the background (summaries); close() waits for it
-    _background: set[asyncio.Task[None]]
+    #: work a session started in the background (summaries, recall searches started at a
+    #: tool call); close() waits for it
+    _background: set[asyncio.Task[Any]]
 
     def _check_open(self) -> None: ...
     def _config_from(self, stored: Mapping[str, Any]) -> ContextConfig: ...

@@ -111,6 +111,7 @@ async def recall_for_request(
         branch=branch,
         limit=config.max_matches,
         text_config=config.text_search_config,
+        head=upto_seq if branch is None else None,
     )
     ranked = [seq for seq, _ in matches]
     # hybrid's embeddings are searched up to ``upto_seq``, as are their units' neighbours

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import structlog
+
 from contextledger import hooks as hk
 from contextledger.compactor import Compactor
 from contextledger.core.budget import Budget, resolve_budget
@@ -54,6 +56,8 @@ from contextledger.recall import (
 from contextledger.store.base import AppendResult, Store
 
 __all__ = ["RequestPath", "RequestingSession", "target_model"]
+
+log = structlog.get_logger(__name__)
 
 
 class TailCache(Protocol):
@@ -185,23 +189,28 @@ class RequestPath:
         self._drop_speculation()
 
     def _speculate(self, planner: RequestPlanner) -> None:
-        """Start the next request's recall search now (see the class docstring)."""
+        """Start the next request's recall search now (see the class docstring): at most
+        one per session in flight, registered with the ledger (whose close waits for it);
+        nothing here may fail the append that triggered it."""
         s = self._s
         cfg = s._config
         room = self._room
         if not room or not s._store.concurrent_search or cfg.recall.engine == "hybrid":
             return
-        self._drop_speculation()
+        previous, self._spec = self._spec, None
+        if previous is not None and not previous.task.done():
+            return  # calls appended faster than searches run: the requests search
         try:
             items = planner.view(s._ephemeral)
-        except CompactionError:  # the request will say so
-            return
-        end = query_end(items)
-        at = latest_turn(items)
-        if end is None or at is None or not splice_safe(items, at):
-            return
-        anchor = query_anchor(items, s._head)
-        if anchor != items[end].ref[0] or _carries_below(items[end + 1 :], anchor):
+            end = query_end(items)
+            at = latest_turn(items)
+            if end is None or at is None or not splice_safe(items, at):
+                return
+            anchor = query_anchor(items, s._head)
+            if anchor != items[end].ref[0] or _carries_below(items[end + 1 :], anchor):
+                return
+        except Exception as exc:  # (CompactionError: the request will say so)
+            log.debug("recall_speculation_skipped", error=type(exc).__name__)
             return
         task = asyncio.ensure_future(
             recall_for_request(
@@ -215,13 +224,16 @@ class RequestPath:
                 branch=None,
             )
         )
+        background = s._ledger._background
+        background.add(task)
+        task.add_done_callback(background.discard)
         task.add_done_callback(_retrieved)
         self._spec = _Speculation(task, tuple(items[: end + 1]), anchor, room, cfg)
 
     def _drop_speculation(self) -> None:
-        # A search in flight is left to finish (its outcome dropped, ``_retrieved``):
-        # cancelling a query costs the server a cancel request and the pool a connection
-        # reset, more than the search itself.
+        # A search in flight is left to finish (its outcome dropped, ``_retrieved``; the
+        # ledger's close waits for it): cancelling a query costs the server a cancel
+        # request and the pool a connection reset, more than the search itself.
         self._spec = None
 
     def _speculated(
@@ -247,11 +259,32 @@ class RequestPath:
         self.speculation_misses += 1
         return None
 
-    async def close(self) -> None:
-        """Wait for a speculation in flight (a search of about a millisecond)."""
+    async def _answer(
+        self, speculated: asyncio.Future[RecallBlock], items: Sequence[ViewItem], room: int
+    ) -> RecallBlock:
+        """The speculation's block; if it failed after it was taken (a dropped connection,
+        say), the request's own search, which fails typed if the cause persists."""
+        try:
+            return await asyncio.shield(speculated)
+        except Exception:
+            s = self._s
+            return await recall_for_request(
+                s._store,
+                s.session_id,
+                view=items,
+                budget_tokens=room,
+                config=s._config.recall,
+                counter=s.counter,
+                upto_seq=s._head,
+                branch=None,
+            )
+
+    async def close(self, wait_seconds: float) -> None:
+        """Wait for a speculation in flight (a search of about a millisecond), at most
+        ``wait_seconds``; it is left to the ledger's close after that."""
         spec, self._spec = self._spec, None
-        if spec is not None:
-            await asyncio.wait([spec.task])
+        if spec is not None and not spec.task.done():
+            await asyncio.wait([spec.task], timeout=wait_seconds)
 
     def on_refresh(self) -> None:
         """The session re-read its head: the next request checks it again."""
@@ -303,7 +336,9 @@ class RequestPath:
             return finish_request_view(sent, target_model=model, cache=self._finished)
         speculated = self._speculated(items, recall_room, cfg)
         if speculated is not None:
-            search = asyncio.ensure_future(announced(s, speculated))
+            search = asyncio.ensure_future(
+                announced(s, self._answer(speculated, items, recall_room))
+            )
         else:
             search = asyncio.ensure_future(
                 recall_block(s, items, recall_room, cfg, upto_seq=s._head, branch=None)

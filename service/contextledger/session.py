@@ -393,7 +393,7 @@ class Session:
     async def close(self, wait_seconds: float = 30.0) -> None:
         """Wait for a summary in flight (up to ``wait_seconds``), else cancel it, and for a
         recall search started ahead of the next request."""
-        await self._requests.close()
+        await self._requests.close(wait_seconds)
         await self._compactor.wait(wait_seconds)
 
     @property

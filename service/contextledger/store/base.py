@@ -192,9 +192,13 @@ class Store(abc.ABC):
         branch: Collection[int] | None,
         limit: int,
         text_config: str,
+        head: int | None = None,
     ) -> list[tuple[int, float]]:
         """``(seq, score)`` of the best lexical matches for ``query``, best first, ties
-        by seq (newest first). A store without search recalls nothing."""
+        by seq (newest first). A store without search recalls nothing. ``head``: the seq
+        of the request the search is for, when it is later than ``upto_seq`` (a search
+        taken at the request's question); a live search, so the store may know it is
+        unchanged since it last searched."""
         return []
 
     async def search_messages(
@@ -207,6 +211,7 @@ class Store(abc.ABC):
         branch: Collection[int] | None,
         limit: int,
         text_config: str,
+        head: int | None = None,
     ) -> tuple[list[tuple[int, float]], list[Recalled]]:
         """``search`` and the matched messages (``recall_messages`` of its seqs): what a
         request's recall reads, which a store may answer in one round trip."""
@@ -218,6 +223,7 @@ class Store(abc.ABC):
             branch=branch,
             limit=limit,
             text_config=text_config,
+            head=head,
         )
         if not found:
             return found, []

@@ -339,6 +339,7 @@ class MemoryStore(Store):
         branch: Collection[int] | None,
         limit: int,
         text_config: str,
+        head: int | None = None,
     ) -> list[tuple[int, float]]:
         """PostgreSQL's search in bounded work (lexical.py has the shared rules): rare query
         lexemes by their frequency in the recent messages, the newest matches, BM25."""

@@ -1313,10 +1313,13 @@ class PostgresStore(Store):
         branch: Collection[int] | None,
         limit: int,
         text_config: str,
+        head: int | None = None,
     ) -> list[tuple[int, float]]:
         # The statement of ``search_messages`` (what requests use): the messages it reads
         # by key for the top matches are dropped here.
-        rows = await self._search(session_id, query, exclude, upto_seq, branch, limit, text_config)
+        rows = await self._search(
+            session_id, query, exclude, upto_seq, branch, limit, text_config, head
+        )
         return [(r[0], float(r[1])) for r in rows]
 
     @translated
@@ -1330,8 +1333,11 @@ class PostgresStore(Store):
         branch: Collection[int] | None,
         limit: int,
         text_config: str,
+        head: int | None = None,
     ) -> tuple[list[tuple[int, float]], list[Recalled]]:
-        rows = await self._search(session_id, query, exclude, upto_seq, branch, limit, text_config)
+        rows = await self._search(
+            session_id, query, exclude, upto_seq, branch, limit, text_config, head
+        )
         found = [(r[0], float(r[1])) for r in rows]
         recalled = [Recalled(r[0], json.loads(r[2]), r[3]) for r in rows]
         return found, sorted(recalled, key=attrgetter("seq"))
@@ -1345,17 +1351,20 @@ class PostgresStore(Store):
         branch: Collection[int] | None,
         limit: int,
         text_config: str,
+        head: int | None,
     ) -> list[asyncpg.Record]:
         """The search's rows, best first: (seq, rank, message JSON, tokens)."""
         gaps = gate_gaps(upto_seq, exclude)
         closed = self._closed.get(session_id) if branch is None else None
         start = self._heads.get(session_id)
+        # the request's seq: the head the caller knows (its search may be anchored before)
+        top = upto_seq if head is None else max(head, upto_seq)
         if (
             closed is not None
             and gaps is not None
-            and upto_seq <= closed.tip[0]
-            and upto_seq < closed.seq + RECHECK_AFTER
             and closed.tip == start
+            and closed.tip[0] == top
+            and top < closed.seq + RECHECK_AFTER
             and closed.gaps.issuperset(gaps)
         ):
             # Every seq left out now was left out then, when none was a branch message,
@@ -1364,7 +1373,10 @@ class PostgresStore(Store):
             # or another writer, forgets the gate; a purged and re-created session is
             # another chain). So nothing is left out (a replay of this request runs the
             # search, and finds nothing either). A search anchored before the head (at
-            # its query, ``core.recall.query_anchor``) is covered the same way.
+            # its query, ``core.recall.query_anchor``) is covered the same way, if the
+            # head the caller knows is the one this store extended: a caller that learned
+            # of a later head elsewhere (a view reloaded after another process's rollback)
+            # searches.
             return []
         args: list[Any] = [session_id, query, upto_seq, seq_ranges(exclude)]
         args += [seq_ranges(branch) if branch is not None else None, text_config, limit]
@@ -1410,7 +1422,7 @@ class PostgresStore(Store):
             closed_now = any(r[0] == CLOSED for r in rows)
             # remembered only if nothing was appended here while it ran (the gate must
             # follow the chain from the state the search saw)
-            seen = tip is not None and tip == start and tip[0] >= upto_seq
+            seen = tip is not None and tip == start and tip[0] == top
             if gaps is not None and closed_now and tip is not None and seen:
                 if len(self._closed) >= MAX_REMEMBERED:
                     del self._closed[next(iter(self._closed))]

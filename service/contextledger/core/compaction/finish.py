@@ -56,6 +56,9 @@ Finished = tuple[ViewItem, dict[str, Any] | None, bool, bool]
 #: same item, which the entry keeps alive), since the planner hands the same items out
 #: request after request; the lookups of a whole view then run at C speed.
 FinishCache = dict[str | None, dict[int, Finished]]
+#: Target models a cache keeps finished views for (a session alternating between two
+#: keeps both warm; a third replaces the oldest).
+MODELS_KEPT = 2
 
 
 def _flat(message: Mapping[str, Any]) -> bool:
@@ -115,7 +118,10 @@ def finish_marked(
     strip = not is_anthropic(target_model)
     known: dict[int, Finished] | None = None
     if cache is not None:
-        known = cache.setdefault(target_model, {})
+        known = cache.pop(target_model, None) or {}
+        cache[target_model] = known  # the latest used last: the least recent go first
+        for other in list(cache)[: len(cache) - MODELS_KEPT]:
+            del cache[other]
         if len(known) > len(items) + len(items) // 4 + 64:
             # Bounded by what requests carry, not by history: what this request no longer
             # carries goes (clearing all at 4x made a session's memory swing by 2x).

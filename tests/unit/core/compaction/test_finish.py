@@ -129,6 +129,15 @@ def test_a_warm_cache_hands_out_copies_equal_to_a_cold_finish(
     assert finish_request_view(view, target_model=model, cache=cache) == cold
 
 
+def test_a_cache_keeps_the_views_of_two_target_models_at_most() -> None:
+    cache: FinishCache = {}
+    view = [ViewItem((1, 0), 8, {"role": "user", "content": "hi"}, 3)]
+    for model in ("gpt-4o", "claude-sonnet-4-5", "gpt-4o", "deepseek-r1"):
+        finish_request_view(view, target_model=model, cache=cache)
+        assert model in cache and len(cache) <= 2
+    assert set(cache) == {"deepseek-r1", "gpt-4o"}  # the least recently used went
+
+
 def test_an_item_rebuilt_with_the_same_ref_is_finished_afresh() -> None:
     # The cache is keyed by the item itself: a reloaded item (same ref, new message) is
     # never served the finished form of the one it replaced.
