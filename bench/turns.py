@@ -18,7 +18,7 @@ issue: ``max_tokens`` 6000 + ``auto_compact`` truncate):
 * fill = request tokens / budget, min and mean over the second half of the run,
   counted on the turns where the history exceeds the budget;
 * memory held by the session object (a size walk of what it owns, not the ledger,
-  store or counter) at each length;
+  store or counter) at each length (the target compares 20,000 turns with 1,000);
 * database bytes per event (events + view, branch and search-vector rows of the session).
 
 Run: ``.venv/bin/python bench/turns.py`` (``--quick``: 100/1,000/2,000 turns;
@@ -277,7 +277,7 @@ def table(
 ) -> str:
     lines = [f"### {store}", ""]
     head = "| ms per turn (median) | " + " | ".join(f"@{n:,}" for n in lengths)
-    head += " | growth | fill min / mean | memory @first → @last | DB bytes/event |"
+    head += " | growth | fill min / mean | memory at each length | DB bytes/event |"
     lines.append(head)
     lines.append("|---|" + "---:|" * (len(lengths) + 4))
     floor_row = "| raw asyncpg floor (2 INSERTs + SELECT last 50) | "
@@ -304,7 +304,7 @@ def table(
         g = f"{r.ms[last][0] / r.ms[first][0]:.2f}" if first in r.ms and last in r.ms else "—"
         fill = f"{min(r.fill):.2f} / {statistics.mean(r.fill):.2f}" if r.fill else "—"
         done = [n for n in lengths if n in r.mem]
-        mem = f"{r.mem[done[0]] / 1024:.0f} KiB → {r.mem[done[-1]] / 1024:.0f} KiB" if done else "—"
+        mem = " → ".join(f"{r.mem[n] / 1024:.0f}" for n in done) + " KiB" if done else "—"
         bpe = f"{r.bytes_per_event:.0f}" if r.bytes_per_event else "—"
         extra = f" ({r.stopped})" if r.stopped else ""
         lines.append(
