@@ -15,7 +15,7 @@ rebuilds the block a live request made at that seq carried.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Collection, Sequence
+from collections.abc import Awaitable, Collection, Coroutine, Sequence
 from operator import attrgetter, itemgetter
 from typing import Any, Protocol
 
@@ -259,19 +259,28 @@ async def recall_block(
     the hook bus when not empty."""
     if not room:
         return RecallBlock(None, (), 0, "")
-    return await announced(
-        session,
-        recall_for_request(
-            session._store,
-            session.session_id,
-            view=view,
-            budget_tokens=room,
-            config=cfg.recall,
-            counter=session.counter,
-            upto_seq=upto_seq,
-            branch=branch,
-            api_key=embedding_key(session, cfg),
-        ),
+    return await announced(session, search_for(session, view, room, cfg, upto_seq, branch))
+
+
+def search_for(
+    session: RecallingSession,
+    view: Sequence[ViewItem],
+    room: int,
+    cfg: ContextConfig,
+    upto_seq: int,
+    branch: Collection[int] | None = None,
+) -> Coroutine[Any, Any, RecallBlock]:
+    """``recall_for_request`` for ``session``'s store, config and key (not announced)."""
+    return recall_for_request(
+        session._store,
+        session.session_id,
+        view=view,
+        budget_tokens=room,
+        config=cfg.recall,
+        counter=session.counter,
+        upto_seq=upto_seq,
+        branch=branch,
+        api_key=embedding_key(session, cfg),
     )
 
 

@@ -49,8 +49,8 @@ from contextledger.protocols import LedgerHandle
 from contextledger.recall import (
     announced,
     recall_block,
-    recall_for_request,
     reserve_for,
+    search_for,
     with_recall,
 )
 from contextledger.store.base import AppendResult, Store
@@ -212,18 +212,7 @@ class RequestPath:
         except Exception as exc:  # (CompactionError: the request will say so)
             log.debug("recall_speculation_skipped", error=type(exc).__name__)
             return
-        task = asyncio.ensure_future(
-            recall_for_request(
-                s._store,
-                s.session_id,
-                view=items,
-                budget_tokens=room,
-                config=cfg.recall,
-                counter=s.counter,
-                upto_seq=s._head,
-                branch=None,
-            )
-        )
+        task = asyncio.ensure_future(search_for(s, items, room, cfg, s._head))
         background = s._ledger._background
         background.add(task)
         task.add_done_callback(background.discard)
@@ -268,16 +257,7 @@ class RequestPath:
             return await asyncio.shield(speculated)
         except Exception:
             s = self._s
-            return await recall_for_request(
-                s._store,
-                s.session_id,
-                view=items,
-                budget_tokens=room,
-                config=s._config.recall,
-                counter=s.counter,
-                upto_seq=s._head,
-                branch=None,
-            )
+            return await search_for(s, items, room, s._config, s._head)
 
     async def close(self, wait_seconds: float) -> None:
         """Wait for a speculation in flight (a search of about a millisecond), at most
