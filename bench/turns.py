@@ -66,6 +66,8 @@ def analyze_due(n: int) -> bool:
 CONFIGS: dict[str, tuple[dict[str, Any] | None, int | None]] = {
     # name: (session config, token_budget passed per request)
     "none": (None, None),
+    # the default path without recall's search (what recall costs a turn, by difference)
+    "none-recall-off": ({"recall": {"enabled": False}}, None),
     "truncate": ({"compaction_strategy": "truncate"}, STRATEGY_BUDGET),
     "priority": ({"compaction_strategy": "priority"}, STRATEGY_BUDGET),
     "importance": ({"compaction_strategy": "importance"}, STRATEGY_BUDGET),
@@ -412,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="100/1,000/2,000 turns")
     parser.add_argument("--lengths", help="comma-separated turn counts")
     parser.add_argument("--stores", default="pg,memory")
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default=",".join(c for c in CONFIGS if c != "none-recall-off"))
     parser.add_argument("--window", type=int, default=50, help="turns per median")
     parser.add_argument(
         "--max-seconds", type=float, default=900.0, help="stop a configuration after this long"
