@@ -24,6 +24,7 @@ import structlog
 from contextledger import hooks as hk
 from contextledger.core.config import REDACTED, ContextConfig, RecallConfig
 from contextledger.core.recall import (
+    CARRIED_KINDS,
     RecallBlock,
     fuse,
     latest_turn,
@@ -49,8 +50,6 @@ UNIT_RADIUS = 4
 EMBED_PER_REQUEST = 512
 EMBED_BATCH = 128
 MAX_EMBED_CHARS = 8000
-#: View items that stand for ledger messages (a summary's seq is not a message's).
-_CARRIED = frozenset({"message", "synthetic"})
 
 
 _KIND, _REF, _SEQ = attrgetter("kind"), attrgetter("ref"), itemgetter(0)
@@ -60,7 +59,7 @@ def carried_seqs(view: Sequence[ViewItem], upto: int) -> set[int]:
     """The seqs of ledger messages ``view`` carries, up to ``upto``. A view of messages
     only (the usual one: no summary, no ephemeral message) is read at C speed (a
     comprehension over ~800 items was ~50 µs of a request)."""
-    if set(map(_KIND, view)) <= _CARRIED:  # message items always have a ledger seq
+    if set(map(_KIND, view)) <= CARRIED_KINDS:  # message items always have a ledger seq
         seqs: set[int] = set(map(_SEQ, map(_REF, view)))
         top = max(seqs, default=0)
         if top > upto:  # the few carried after the anchor (a reply, tool results)
@@ -69,7 +68,7 @@ def carried_seqs(view: Sequence[ViewItem], upto: int) -> set[int]:
             else:
                 seqs = {s for s in seqs if s <= upto}
         return seqs
-    return {i.ref[0] for i in view if 0 < i.ref[0] <= upto and i.kind in _CARRIED}
+    return {i.ref[0] for i in view if 0 < i.ref[0] <= upto and i.kind in CARRIED_KINDS}
 
 
 def reserve_for(budget_tokens: int, config: RecallConfig) -> int:

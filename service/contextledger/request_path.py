@@ -35,9 +35,9 @@ from contextledger.core.events import CheckpointCreated, MessageAppended, Payloa
 from contextledger.core.projection import ViewState, message_item
 from contextledger.core.recall import (
     RecallBlock,
+    anchor_of,
     block_item,
     latest_turn,
-    query_anchor,
     query_end,
 )
 from contextledger.core.tokens import TokenCounter
@@ -48,6 +48,7 @@ from contextledger.hooks import HookBus
 from contextledger.protocols import LedgerHandle
 from contextledger.recall import (
     announced,
+    carried_seqs,
     recall_block,
     reserve_for,
     search_for,
@@ -120,11 +121,6 @@ def _retrieved(task: asyncio.Future[RecallBlock]) -> None:
 
 def _calls_tools(payload: Payload) -> bool:
     return isinstance(payload, MessageAppended) and bool(tool_calls(payload.message))
-
-
-def _carries_below(items: Sequence[ViewItem], anchor: int) -> bool:
-    """Whether any of ``items`` stands for a ledger message at or before ``anchor``."""
-    return any(0 < i.ref[0] <= anchor and i.kind in ("message", "synthetic") for i in items)
 
 
 class RequestPath:
@@ -206,8 +202,8 @@ class RequestPath:
             at = latest_turn(items)
             if end is None or at is None or not splice_safe(items, at):
                 return
-            anchor = query_anchor(items, s._head)
-            if anchor != items[end].ref[0] or _carries_below(items[end + 1 :], anchor):
+            anchor = anchor_of(items, end, s._head)
+            if anchor != items[end].ref[0] or carried_seqs(items[end + 1 :], anchor):
                 return
         except Exception as exc:  # (CompactionError: the request will say so)
             log.debug("recall_speculation_skipped", error=type(exc).__name__)
@@ -238,10 +234,10 @@ class RequestPath:
             and spec.room == room
             and spec.config is cfg
             and len(spec.prefix) == end + 1
-            and query_anchor(items, self._s._head) == spec.anchor
+            and anchor_of(items, end, self._s._head) == spec.anchor
             and not (spec.task.done() and (spec.task.cancelled() or spec.task.exception()))
             and tuple(items[: end + 1]) == spec.prefix
-            and not _carries_below(items[end + 1 :], spec.anchor)
+            and not carried_seqs(items[end + 1 :], spec.anchor)
         ):
             self.speculation_hits += 1
             return spec.task

@@ -121,6 +121,11 @@ def query_text(view: Sequence[ViewItem]) -> str:
     return "\n".join(p for p in parts if p)
 
 
+#: View items that stand for ledger messages (a summary's seq is not a message's, an
+#: ephemeral message is in no ledger): what a request carries, as recall sees it.
+CARRIED_KINDS = frozenset({"message", "synthetic"})
+
+
 def query_end(view: Sequence[ViewItem]) -> int | None:
     """Index of the last item ``query_text`` reads: the latest tool call after the latest
     human turn, else that turn (None if there is none)."""
@@ -141,10 +146,14 @@ def query_anchor(view: Sequence[ViewItem], head: int) -> int:
     message is appended and still be the one the request would make (the request path
     speculates so), and a replay anchors it the same way. ``head`` (the request's seq)
     when that message has no seq (an ephemeral one) or there is no query."""
-    end = query_end(view)
+    return anchor_of(view, query_end(view), head)
+
+
+def anchor_of(view: Sequence[ViewItem], end: int | None, head: int) -> int:
+    """``query_anchor`` with ``query_end(view)`` already known."""
     if end is None:
         return head
-    seq = view[end].ref[0] if view[end].kind in ("message", "synthetic") else 0
+    seq = view[end].ref[0] if view[end].kind in CARRIED_KINDS else 0
     return seq if 0 < seq <= head else head
 
 

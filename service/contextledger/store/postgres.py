@@ -351,15 +351,19 @@ def seq_ranges(seqs: Collection[int]) -> str:
     n = len(ordered)
     # The usual request: a few seqs (pinned items, the last human turn), then its tail in
     # one run to the end: found by position (C speed) and written as one range.
-    for head in range(min(n, 8)):
-        if ordered[-1] - ordered[head] == n - 1 - head:  # ordered[head:] is one run
-            run = f"[{ordered[head]},{ordered[-1]}]"
-            lead = seq_ranges(ordered[:head])[1:-1] if head else ""
-            return "{" + (lead + "," if lead else "") + run + "}"
+    tail = next((h for h in range(min(n, 8)) if ordered[-1] - ordered[h] == n - 1 - h), n)
+    parts = _runs(ordered[:tail])
+    if tail < n:
+        parts.append(f"[{ordered[tail]},{ordered[-1]}]")
+    return "{" + ",".join(parts) + "}"
+
+
+def _runs(ordered: Sequence[int]) -> list[str]:
+    """``[a,b]`` for each run of consecutive seqs in ``ordered`` (sorted, distinct)."""
     parts: list[str] = []
     start = prev = 0
     for seq in ordered:
-        if parts and seq <= prev + 1:  # the next in a run (or a repeat)
+        if parts and seq == prev + 1:  # the next in a run
             prev = seq
             continue
         if parts:
@@ -368,7 +372,7 @@ def seq_ranges(seqs: Collection[int]) -> str:
         parts.append("")
     if parts:
         parts[-1] = f"[{start},{prev}]"
-    return "{" + ",".join(parts) + "}"
+    return parts
 
 
 def gate_gaps(upto_seq: int, carried: Collection[int]) -> list[int] | None:
@@ -1422,8 +1426,13 @@ class PostgresStore(Store):
             closed_now = any(r[0] == CLOSED for r in rows)
             # remembered only if nothing was appended here while it ran (the gate must
             # follow the chain from the state the search saw)
-            seen = tip is not None and tip == start and tip[0] == top
-            if gaps is not None and closed_now and tip is not None and seen:
+            if (
+                gaps is not None
+                and closed_now
+                and tip is not None
+                and tip == start
+                and tip[0] == top
+            ):
                 if len(self._closed) >= MAX_REMEMBERED:
                     del self._closed[next(iter(self._closed))]
                 self._closed[session_id] = _ClosedGate(upto_seq, frozenset(gaps), tip)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import operator
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from contextledger.core.providers import model_family
 from contextledger.core.tokens import TokenCounter
@@ -140,10 +140,9 @@ def finish_marked(
                     n = hits.index(None, n + 1)
                 except ValueError:
                     break
-        if all(map(operator.is_, map(_ITEM, hits), items)) and all(  # type: ignore[arg-type]
-            map(_PLAIN, hits)  # type: ignore[arg-type]
-        ):
-            out = list(map(dict, map(_DONE, hits)))  # type: ignore[arg-type]
+        found = cast(list[Finished], hits)  # every miss was filled above
+        if all(map(operator.is_, map(_ITEM, found), items)) and all(map(_PLAIN, found)):
+            out = list(map(dict, map(_DONE, found)))
             return out, mark if 0 <= mark < len(items) else len(out)
     out = []
     append = out.append
