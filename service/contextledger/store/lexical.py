@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from functools import lru_cache
+from itertools import islice
 from typing import Any
 
 K1 = 0.5
@@ -74,9 +75,12 @@ class Lexer:
         (ids,) = self._tokenizer.streaming_tokenize([text.replace("_", " ")], allow_empty=False)
         tok = self._tokenizer
         vocab = tok.stem_to_sid if tok.stemmer is not None else tok.word_to_id
-        if len(vocab) > len(self._names):  # ids are given in order: name the new ones
-            self._names.extend(list(vocab)[len(self._names) :])
         names = self._names
+        new = len(vocab) - len(names)
+        if new > 0:  # ids are given in order: the new ones are the dict's last keys (read
+            # from its end: ``list(vocab)`` copied the whole vocabulary, ~20,000 words at
+            # 20,000 turns, whenever a message brought a new word, which is nearly always)
+            names.extend(reversed(list(islice(reversed(vocab), new))))
         return [names[i] for i in ids]
 
 
