@@ -122,9 +122,11 @@ def finish_marked(
         cache[target_model] = known  # the latest used last: the least recent go first
         for other in list(cache)[: len(cache) - MODELS_KEPT]:
             del cache[other]
-        if len(known) > len(items) + len(items) // 4 + 64:
+        if len(known) > len(items) + len(items) // 4 + 8:
             # Bounded by what requests carry, not by history: what this request no longer
-            # carries goes (clearing all at 4x made a session's memory swing by 2x).
+            # carries goes (clearing all at 4x made a session's memory swing by 2x; a slack
+            # of 64 items let a 35-item view's cache hold 103, 2.2x its memory at 20,000
+            # turns of bench/turns.py's max_tokens 6000 path against 1,000).
             keep = set(map(id, items))
             for key in [k for k in known if k not in keep]:
                 del known[key]

@@ -108,7 +108,7 @@ def test_the_finish_cache_holds_what_requests_carry_not_history(
         assert finish_request_view(items, target_model="gpt-4o", cache=cache) == (
             finish_request_view(items, target_model="gpt-4o")
         )
-        assert len(cache["gpt-4o"]) <= len(items) + len(items) // 4 + 64 + window
+        assert len(cache["gpt-4o"]) <= len(items) + len(items) // 4 + 8 + window
 
 
 @given(view=conversations(), model=st.sampled_from(["gpt-4o", "claude-sonnet-4-5", None]))
