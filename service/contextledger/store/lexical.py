@@ -75,11 +75,12 @@ class Lexer:
         (ids,) = self._tokenizer.streaming_tokenize([text.replace("_", " ")], allow_empty=False)
         tok = self._tokenizer
         vocab = tok.stem_to_sid if tok.stemmer is not None else tok.word_to_id
+        # Ids are given in order, so the new words are the dict's last keys, read from its
+        # end (``list(vocab)`` copied the whole vocabulary, ~20,000 words at 20,000 turns,
+        # whenever a message brought a new word, which is nearly always).
         names = self._names
         new = len(vocab) - len(names)
-        if new > 0:  # ids are given in order: the new ones are the dict's last keys (read
-            # from its end: ``list(vocab)`` copied the whole vocabulary, ~20,000 words at
-            # 20,000 turns, whenever a message brought a new word, which is nearly always)
+        if new > 0:
             names.extend(reversed(list(islice(reversed(vocab), new))))
         return [names[i] for i in ids]
 
