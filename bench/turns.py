@@ -45,6 +45,13 @@ import asyncpg
 
 from contextledger import Ledger, Session
 
+try:
+    from bench.language import Prose
+    from bench.results import write as write_results
+except ImportError:  # run as a script: bench/ itself is sys.path[0]
+    from language import Prose  # type: ignore[no-redef]
+    from results import write as write_results  # type: ignore[no-redef]
+
 WORDS = (
     "the", "build", "fails", "in", "config.py", "parse_args", "line", "42", "retry",
     "userId", "ok", "check", "value", "fix", "deploy", "cache", "token", "review",
@@ -86,12 +93,27 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
+#: The messages' text: ``natural`` (default) is language-shaped (bench/language.py: a Zipf
+#: vocabulary with a long tail, names, numbers, dates), so recall's search does its real
+#: work; ``uniform`` is the earlier 18-word vocabulary, every word of it common, on which
+#: the search drops every word and never runs (kept to compare with earlier figures).
+TEXT = "natural"
+
+
 def messages(n_turns: int, seed: int = 5) -> Iterable[tuple[dict[str, Any], dict[str, Any]]]:
     rng = random.Random(seed)
+    if TEXT == "uniform":
+        for n in range(n_turns):
+            yield (
+                {"role": "user", "content": f"turn {n}: " + _text(rng, rng.randint(20, 70))},
+                {"role": "assistant", "content": _text(rng, rng.randint(60, 160))},
+            )
+        return
+    prose = Prose(seed)
     for n in range(n_turns):
         yield (
-            {"role": "user", "content": f"turn {n}: " + _text(rng, rng.randint(20, 70))},
-            {"role": "assistant", "content": _text(rng, rng.randint(60, 160))},
+            {"role": "user", "content": f"turn {n}: " + prose.text(rng.randint(20, 70))},
+            {"role": "assistant", "content": prose.text(rng.randint(60, 160))},
         )
 
 
@@ -407,6 +429,27 @@ async def main_async(args: argparse.Namespace) -> None:
         " floor, K)\n"
     )
     print("\n\n".join(out))
+    figures = {
+        "text": TEXT,
+        "lengths": args.lengths,
+        "floor_ms": floor,
+        "same_rows_floor_ms": same,
+        "runs": {
+            store: {
+                name: {
+                    "ms_median_p95": r.ms,
+                    "memory_bytes": r.mem,
+                    "fill_min": min(r.fill) if r.fill else None,
+                    "fill_mean": statistics.mean(r.fill) if r.fill else None,
+                    "db_bytes_per_event": r.bytes_per_event,
+                    "stopped": r.stopped,
+                }
+                for name, r in res.items()
+            }
+            for store, res in runs.items()
+        },
+    }
+    print(f"\nfigures: {write_results('turns', figures)}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -414,7 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="100/1,000/2,000 turns")
     parser.add_argument("--lengths", help="comma-separated turn counts")
     parser.add_argument("--stores", default="pg,memory")
-    parser.add_argument("--configs", default=",".join(c for c in CONFIGS if c != "none-recall-off"))
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument(
+        "--text", choices=("natural", "uniform"), default="natural", help="the messages' text"
+    )
     parser.add_argument("--window", type=int, default=50, help="turns per median")
     parser.add_argument(
         "--max-seconds", type=float, default=900.0, help="stop a configuration after this long"
@@ -428,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tool-ms", type=float, default=5.0, help="the tool's run time")
     args = parser.parse_args(argv)
+    global TEXT
+    TEXT = args.text
     lengths = args.lengths or ("100,1000,2000" if args.quick else "100,1000,5000,20000")
     args.lengths = sorted(int(x) for x in lengths.split(","))
     args.stores = [s.strip() for s in args.stores.split(",")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -336,14 +337,15 @@ async def test_the_search_reads_its_matches_messages_as_recall_messages_does(
         assert all(m.tokens > 0 for m in messages)
 
 
-# -- the search vectors (migration 0006): written by the search, not by appends -------
+# -- the search postings (migrations 0006, 0010): written by the search, not by appends -
 
 
 async def indexed(dsn: str, session_id: str) -> list[int]:
     conn = await asyncpg.connect(asyncpg_dsn(dsn))
     try:
         rows = await conn.fetch(
-            "SELECT seq FROM contextledger.event_search WHERE session_id = $1 ORDER BY seq",
+            "SELECT seq FROM contextledger.event_terms WHERE session_id = $1 AND lexeme = ''"
+            " ORDER BY seq",
             session_id,
         )
         return [r[0] for r in rows]
@@ -490,7 +492,8 @@ async def test_each_tenant_indexes_and_searches_only_its_own_events(pg_dsn: str)
     try:
         counts = dict(
             await conn.fetch(
-                "SELECT tenant_id, count(*) FROM contextledger.event_search GROUP BY 1"
+                "SELECT tenant_id, count(*) FROM contextledger.event_terms WHERE lexeme = ''"
+                " GROUP BY 1"
             )
         )
         beta = await asyncpg.connect(
@@ -498,9 +501,11 @@ async def test_each_tenant_indexes_and_searches_only_its_own_events(pg_dsn: str)
             server_settings={"role": role, "contextledger.tenant": "nobody"},
         )
         try:
-            assert await beta.fetchval("SELECT count(*) FROM contextledger.event_search") == 0
-            # The index lookup runs as the owner (0007): it applies the tenant key itself.
-            matches = "SELECT count(*) FROM contextledger.session_matches('r', '18443'::tsquery)"
+            assert await beta.fetchval("SELECT count(*) FROM contextledger.event_terms") == 0
+            matches = (
+                "SELECT count(*) FROM contextledger.event_terms"
+                " WHERE session_id = 'r' AND lexeme = '18443'"
+            )
             assert await beta.fetchval(matches) == 0
             await beta.execute("SET contextledger.tenant = 'other'")
             assert await beta.fetchval(matches) == 0  # the same session id, another tenant
@@ -513,66 +518,101 @@ async def test_each_tenant_indexes_and_searches_only_its_own_events(pg_dsn: str)
     assert counts == {"acme": acme_messages, "other": 82}
 
 
-async def test_the_search_finds_matches_by_session_through_the_index(pg_dsn: str) -> None:
-    """0007: the lookup of ``session_matches`` is served by the index keyed by session (the
-    expressions must agree, or the plan falls back to reading the session's vectors), it
-    is not callable by just any role, and a downgrade restores 0006's index."""
+def _postings_read(plan: Any) -> int:
+    """Index tuples the plan's scans of ``event_terms`` returned, over all their loops."""
+    total = 0
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            if node.get("Index Name") == "event_terms_pkey" and "Actual Rows" in node:
+                total += int(node["Actual Rows"] * node.get("Actual Loops", 1))
+            stack.extend(node.values())
+    return total
+
+
+async def test_the_search_reads_postings_bounded_by_the_query_not_the_history(
+    pg_dsn: str,
+) -> None:
+    """0010: a query lexeme's postings are read newest first, at most ``PER_TERM`` of them,
+    through the key: a word in every message of a long session costs a search what it
+    costs in a short one (a GIN lookup returned every match)."""
+    from contextledger.store.lexical import PER_TERM
+    from contextledger.store.postgres import search_statement
+
+    reads: list[int] = []
+    async with Ledger.open(pg_dsn) as ledger:
+        for n in (300, 1500):
+            session = await ledger.session(f"b{n}", config={"token_counter": "chars"})
+            batch = [
+                {"role": "user", "content": f"the gateway answered on attempt {i} quickly"}
+                for i in range(n)
+            ]
+            await session.add_messages(batch)
+            await session.add_message({"role": "user", "content": "which gateway attempt?"})
+            request = await session.get_messages_for_request(token_budget=2000)
+            assert recall_blocks(request)  # indexed, and the search found matches
+            carried = set(range(n - 5, n + 2))
+            text, args = search_statement(
+                "which gateway attempt?", carried, n + 1, None, 40, "english", None
+            )
+            args[0] = f"b{n}"
+            conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+            try:
+                async with conn.transaction():
+                    await conn.execute("SET LOCAL enable_seqscan = off")
+                    plan = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + text, *args)
+            finally:
+                await conn.close()
+            reads.append(_postings_read(json.loads(plan)))
+    # two lexemes (gateway, attempt), each read to the cap, plus the catch-up's marker step
+    assert reads[0] == reads[1]
+    assert PER_TERM <= reads[1] <= 2 * PER_TERM + 2
+
+
+async def test_the_postings_migration_moves_the_vectors_and_downgrades(pg_dsn: str) -> None:
+    """0010 moves 0006's vectors into postings (no message parsed again) and drops the GIN
+    index and its functions; a downgrade restores 0009's schema, and upgrading again
+    leaves a search that still finds the planted fact."""
     from alembic import command
 
     from contextledger.store.migrate import alembic_config
 
     async with scratch_database() as dsn:
         async with Ledger.open(dsn, migrate=True) as ledger:
-            await planted(ledger)
-            other = await ledger.session("s", config={"token_counter": "chars"})
-            await other.add_message({"role": "user", "content": "orchard-api binds to 18443 too"})
-            await (await ledger.session("r")).get_messages_for_request(token_budget=2000)
-            await other.get_messages_for_request(token_budget=2000)
+            await (await planted(ledger)).get_messages_for_request(token_budget=2000)
         conn = await asyncpg.connect(asyncpg_dsn(dsn))
         try:
-            body = await conn.fetchval(
-                "SELECT prosrc FROM pg_proc WHERE proname = 'session_matches'"
+            markers = "SELECT count(*) FROM contextledger.event_terms WHERE lexeme = ''"
+            before = await conn.fetchval(markers)
+            assert before > 0
+            await asyncio.to_thread(command.downgrade, alembic_config(dsn), "0009")
+            assert await conn.fetchval("SELECT to_regclass('contextledger.event_terms')") is None
+            assert await conn.fetchval("SELECT to_regproc('contextledger.session_matches')")
+            await conn.execute(
+                "INSERT INTO contextledger.event_search (session_id, seq, search)"
+                " VALUES ('r', 3, to_tsvector('english', 'orchard-api binds 18443'))"
             )
-            async with conn.transaction():
-                await conn.execute("SET LOCAL enable_seqscan = off")
-                plan = await conn.fetchval(
-                    "EXPLAIN (FORMAT JSON) "
-                    + body.replace("p_session", "'r'").replace("p_query", "'18443'::tsquery")
-                )
-            assert "event_search_by_session" in plan
-            indexdef = await conn.fetchval(
-                "SELECT indexdef FROM pg_indexes WHERE indexname = 'event_search_by_session'"
-            )
-            # tagged by tenant and id: another tenant's "main" is not stepped through
-            assert "session_lexeme(tenant_id, session_id)" in indexdef
-            assert "event_search_pkey" not in plan
-            found = await conn.fetch(
-                "SELECT session_id, seq FROM contextledger.session_matches('r', '18443'::tsquery)"
-            )
-            assert [tuple(r) for r in found] == [("r", 3)]  # not session s's match
-            public = await conn.fetchval(
-                "SELECT has_function_privilege('public', "
-                "'contextledger.session_matches(text, tsquery)', 'EXECUTE')"
-            )
-            assert public is False
-            await asyncio.to_thread(command.downgrade, alembic_config(dsn), "0006")
-            indexes = {
-                r[0]
-                for r in await conn.fetch(
-                    "SELECT indexname FROM pg_indexes WHERE tablename = 'event_search'"
-                )
-            }
-            assert indexes == {"event_search_pkey", "event_search_search"}
-            assert await conn.fetchval("SELECT to_regproc('contextledger.session_matches')") is None
             await upgrade(dsn)
-            assert (
-                await conn.fetchval(
-                    "SELECT count(*) FROM contextledger.session_matches('r', '18443'::tsquery)"
-                )
-                == 1
+            assert await conn.fetchval("SELECT to_regclass('contextledger.event_search')") is None
+            assert await conn.fetchval("SELECT to_regproc('contextledger.session_matches')") is None
+            moved = await conn.fetchval(
+                "SELECT count(*) FROM contextledger.event_terms"
+                " WHERE session_id = 'r' AND seq = 3 AND lexeme = '18443'"
             )
+            assert moved == 1
+            purge = await conn.fetchval(
+                "SELECT prosrc FROM pg_proc WHERE proname = 'purge_session'"
+            )
+            assert "event_terms" in purge and "event_search" not in purge
         finally:
             await conn.close()
+        async with Ledger.open(dsn) as ledger:
+            session = await ledger.session("r")
+            request = await session.get_messages_for_request(token_budget=2000)
+            assert any("18443" in b for b in recall_blocks(request))
 
 
 async def test_the_search_reads_each_match_by_its_key(pg_dsn: str) -> None:
@@ -637,7 +677,7 @@ async def test_migration_0006_moves_the_vectors_and_downgrades(pg_dsn: str) -> N
         conn = await asyncpg.connect(asyncpg_dsn(dsn))
         try:
             before = await conn.fetchval(vector.format("events"))
-            await upgrade(dsn)
+            await upgrade(dsn, "0006")
             assert await conn.fetchval(vector.format("event_search")) == before  # copied
             assert "18443" in before
             columns = await conn.fetch(
@@ -652,18 +692,19 @@ async def test_migration_0006_moves_the_vectors_and_downgrades(pg_dsn: str) -> N
                 "SELECT prosrc FROM pg_proc WHERE proname = 'purge_session'"
             )
             assert "event_search" not in purge
-            await upgrade(dsn)
+            await upgrade(dsn, "0006")
             assert await conn.fetchval(vector.format("event_search")) == before
         finally:
             await conn.close()
 
 
-async def test_a_role_refused_the_index_function_still_recalls_from_the_table(
+async def test_an_application_role_with_table_grants_recalls_under_row_level_security(
     pg_dsn: str,
 ) -> None:
-    """An application role with table grants only (or a custom service role) may not run
-    ``session_matches``: the search reads the table instead, row-level security applying,
-    and once granted it uses the function."""
+    """An application role with table grants only (or a custom service role) searches the
+    postings through their key with row-level security applying (``=`` on text is
+    leakproof, so the policy does not keep the index out), and recalls what the owner
+    does."""
     role = f"cl_app_{uuid.uuid4().hex[:6]}"
     async with scratch_database() as dsn:
         async with Ledger.open(dsn, migrate=True):
@@ -681,18 +722,12 @@ async def test_a_role_refused_the_index_function_still_recalls_from_the_table(
             app = dsn.replace("postgres@", f"{role}@")
             async with Ledger.open(app) as ledger:
                 session = await planted(ledger)
-                refused = await session.get_messages_for_request(token_budget=2000)
-                assert ledger.store._definer is False  # type: ignore[attr-defined]
-                await conn.execute(
-                    "GRANT EXECUTE ON FUNCTION contextledger.session_matches(text, tsquery)"
-                    f" TO {role}"
-                )
-            async with Ledger.open(app) as ledger:
+                as_app = await session.get_messages_for_request(token_budget=2000)
+            async with Ledger.open(dsn) as ledger:
                 session = await ledger.session("r")
-                granted = await session.get_messages_for_request(token_budget=2000)
-                assert ledger.store._definer is True  # type: ignore[attr-defined]
-            assert any("18443" in b for b in recall_blocks(refused))
-            assert recall_blocks(granted) == recall_blocks(refused)
+                as_owner = await session.get_messages_for_request(token_budget=2000)
+            assert any("18443" in b for b in recall_blocks(as_app))
+            assert recall_blocks(as_owner) == recall_blocks(as_app)
         finally:
             await conn.close()
     admin = await asyncpg.connect(host=PG_HOST, port=PG_PORT, user="postgres", database="postgres")

@@ -23,6 +23,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from contextledger.core.tokens import TokenCounter
@@ -49,6 +50,8 @@ class Recalled:
     message: Mapping[str, Any]
     #: tokens counted when the message was appended (0: unknown, count it here)
     tokens: int = 0
+    #: when it was said (its event's time; None: not known)
+    at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,17 @@
-"""BM25 ranking for ``memory://`` recall, through the ``bm25s`` library.
+"""Recall's lexical search rules, shared by both stores, and ``memory://``'s lexer.
 
-PostgreSQL ranks recall candidates with its own full-text search; the memory
-store gets the same behaviour here: the same text (``core.recall.message_text``),
-stop words dropped, Snowball stemming for the configured language (``simple``
-means no stemming, as in PostgreSQL). Ties break by seq, newest first, so the same
-candidates always rank the same way.
+Both stores keep postings (lexeme -> the messages holding it, newest first) and search
+the same way: each query lexeme's newest postings, up to a fixed count, scored by BM25
+with a small preference for the newer statement. PostgreSQL spells it in SQL over
+``event_terms``; ``memory://`` in ``rank`` here, tokenizing like PostgreSQL's ``english``
+configuration (bm25s's tokenizer: stop words dropped, Snowball stems; ``simple`` means no
+stemming). Ties break by seq, newest first, so the same postings always rank the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import math
+from collections.abc import Collection, Mapping, Sequence
 from functools import lru_cache
 from itertools import islice
 from typing import Any
@@ -17,31 +19,82 @@ from typing import Any
 K1 = 0.5
 B = 0.9
 #: A recall search's bounds, the same in both stores (PostgreSQL's ``_SEARCH`` spells these
-#: rules in SQL): the ``MAX_QUERY_LEXEMES`` longest lexemes of the turn are looked at (a
-#: pasted document is a turn too: estimating hundreds of lexemes costs tens of ms, and
-#: long lexemes are the specific ones: names, identifiers); each one's frequency is
-#: estimated on the last ``SAMPLE`` messages; at most ``MAX_LEXEMES`` rare ones are
-#: searched; the newest ``MAX_CANDIDATES`` matches are ranked. A sample of 64 (it was 128)
-#: halves the frequency estimate, the search's largest fixed part (~0.45 of a ~1.1 ms
-#: statement at 1,000 turns): the needle bench (bench/recall.py) recalls the same facts.
-SAMPLE, KEEP_RAREST, MAX_LEXEMES, MAX_CANDIDATES = 64, 3, 16, 2048
-MAX_QUERY_LEXEMES = 64
+#: rules in SQL). The ``MAX_QUERY_LEXEMES`` longest lexemes of the query are looked up (a
+#: pasted document is a turn too; long lexemes are the specific ones: names, identifiers);
+#: each one's newest ``PER_TERM`` postings the request does not carry are read, backwards
+#: from the request's tail, and nothing more: the work is bounded by the query, not the
+#: history. A lexeme with fewer postings was read whole (its document frequency is exact);
+#: one with ``PER_TERM`` has its frequency estimated from how far back they reach, so a
+#: word in every other message weighs what BM25 would give it without being read whole.
+PER_TERM = 64
+MAX_QUERY_LEXEMES = 32
+#: A newer statement of the same thing outranks an older one by up to this share (the
+#: value that changed comes back before, or with, the one it replaced).
+RECENCY = 0.15
 
 
-def rare_terms(query: Sequence[str], sample: Sequence[Collection[str]]) -> list[str]:
-    """The query's lexemes worth searching for, rarest first: those in at most a quarter of
-    the ``sample`` documents (or 8), plus the ``KEEP_RAREST`` rarest unless in half of them.
-    A lexeme in most of the recent history says little about what to recall and matches
-    most of it (BM25 gives it almost no weight), so searching for it is work for nothing."""
-    n = len(sample)
-    looked_at = sorted({t for t in query if t}, key=lambda t: (-len(t), t))[:MAX_QUERY_LEXEMES]
-    counted = sorted((sum(1 for doc in sample if t in doc), t) for t in looked_at)
-    kept = [
-        t
-        for rank_, (df, t) in enumerate(counted, start=1)
-        if df <= max(8, n // 4) or (rank_ <= KEEP_RAREST and 2 * df < n)
-    ]
-    return kept[:MAX_LEXEMES]
+def estimated_df(read: int, oldest: int, top: int, total: int) -> float:
+    """A lexeme's document frequency among ``total`` messages, from ``read`` postings the
+    oldest of which is at ``oldest``, read backwards from ``top``: exact below
+    ``PER_TERM``, else the rate over the stretch read, times the whole."""
+    if read < PER_TERM:
+        return float(read)
+    return min(float(total), read * total / max(1, top - oldest + 1))
+
+
+def idf(df: float, total: int) -> float:
+    """BM25's inverse document frequency (Lucene's, never negative)."""
+    n = max(float(total), df)
+    return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+
+def read_from(upto_seq: int, carried: Collection[int]) -> int:
+    """The seq a search reads postings back from: below the run of carried seqs that ends
+    the request (its tail), so the postings it reads are ones the request left out."""
+    seq = upto_seq
+    while seq > 0 and seq in carried:
+        seq -= 1
+    return seq
+
+
+def query_lexemes(lexemes: Sequence[str]) -> list[str]:
+    """The distinct lexemes a search looks up: the ``MAX_QUERY_LEXEMES`` longest."""
+    return sorted({t for t in lexemes if t}, key=lambda t: (-len(t), t))[:MAX_QUERY_LEXEMES]
+
+
+def rank(
+    postings: Mapping[str, Sequence[tuple[int, int, int]]],
+    *,
+    top: int,
+    total: int,
+    limit: int,
+) -> list[tuple[int, float]]:
+    """BM25 over what a search read: ``postings[lexeme]`` = its newest ``(seq, tf, dl)``,
+    newest first, at most ``PER_TERM``; ``top`` the seq they were read back from, ``total``
+    the messages in all. ``(seq, score)`` of the ``limit`` best, ties to the newer seq.
+    PostgreSQL's statement computes the same in SQL (the store contract tests hold both
+    to it)."""
+    weights: dict[str, float] = {}
+    lengths: list[int] = []
+    for lexeme, rows in postings.items():
+        if rows:
+            df = estimated_df(len(rows), rows[-1][0], top, total)
+            weights[lexeme] = idf(df, total)
+            lengths.extend(dl for _, _, dl in rows)
+    if not lengths:
+        return []
+    avgdl = sum(lengths) / len(lengths)
+    scores: dict[int, float] = {}
+    for lexeme, rows in postings.items():
+        w = weights.get(lexeme, 0.0)
+        for seq, tf, dl in rows:
+            part = w * tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl / max(avgdl, 1.0)))
+            scores[seq] = scores.get(seq, 0.0) + part
+    ranked = sorted(
+        ((seq, score * (1 + RECENCY * seq / max(top, 1))) for seq, score in scores.items()),
+        key=lambda p: (-p[1], -p[0]),
+    )
+    return [(seq, score) for seq, score in ranked[:limit] if score > 0]
 
 
 @lru_cache(maxsize=8)
@@ -83,34 +136,3 @@ class Lexer:
         if new > 0:
             names.extend(reversed(list(islice(reversed(vocab), new))))
         return [names[i] for i in ids]
-
-
-def rank(
-    query: Sequence[str], docs: Sequence[tuple[int, Sequence[str]]], limit: int
-) -> list[tuple[int, float]]:
-    """``(seq, score)`` of the ``limit`` best documents matching ``query`` (score > 0)."""
-    query_terms = [t for t in query if t]
-    docs = [(seq, toks) for seq, toks in docs if toks]
-    if not query_terms or not docs:
-        return []
-    import bm25s
-
-    # As PostgreSQL's ``@@`` does, rank only what shares a term with the query (IDF
-    # over those: the terms they all share weigh little). k1 low: a service named on
-    # every line of a grep output is not ten times as relevant; b high: short
-    # statements of a fact are not buried under long tool output.
-    terms = set(query_terms)
-    docs = [(seq, toks) for seq, toks in docs if terms.intersection(toks)]
-    if not docs:
-        return []
-    retriever = bm25s.BM25(k1=K1, b=B)
-    retriever.index([list(toks) for _, toks in docs], show_progress=False)
-    known = [t for t in query_terms if t in retriever.vocab_dict]
-    if not known:
-        return []
-    scores = retriever.get_scores(known)
-    ranked = sorted(
-        ((seq, float(score)) for (seq, _), score in zip(docs, scores, strict=True) if score > 0),
-        key=lambda p: (-p[1], -p[0]),
-    )
-    return ranked[:limit]

@@ -50,8 +50,8 @@ class _Postings:
 
     text_config: str
     upto: int = 0
-    lexemes: dict[int, list[str]] = field(default_factory=dict)
-    sets: dict[int, frozenset[str]] = field(default_factory=dict)
+    #: per seq: each lexeme's count in the message (its length is the message's ``dl``)
+    counts: dict[int, dict[str, int]] = field(default_factory=dict)
     postings: dict[str, list[int]] = field(default_factory=dict)
     _lexer: Lexer | None = field(default=None, repr=False, compare=False)
 
@@ -64,9 +64,11 @@ class _Postings:
         return self._lexer(text)
 
     def add(self, seq: int, text: str) -> None:
-        self.lexemes[seq] = self.lex(text)
-        self.sets[seq] = frozenset(self.lexemes[seq])
-        for term in self.sets[seq]:
+        counts: dict[str, int] = {}
+        for term in self.lex(text):
+            counts[term] = counts.get(term, 0) + 1
+        self.counts[seq] = counts
+        for term in counts:
             self.postings.setdefault(term, []).append(seq)
 
     def newest(self, term: str, upto_seq: int, keep: Callable[[int], bool], n: int) -> list[int]:
@@ -341,25 +343,25 @@ class MemoryStore(Store):
         text_config: str,
         head: int | None = None,
     ) -> list[tuple[int, float]]:
-        """PostgreSQL's search in bounded work (lexical.py has the shared rules): rare query
-        lexemes by their frequency in the recent messages, the newest matches, BM25."""
+        """PostgreSQL's search, the same rules (``lexical``): each query lexeme's newest
+        ``PER_TERM`` postings below what the request carries, BM25."""
         from contextledger.store import lexical
 
         stream = self._get(session_id)
         index = stream.indexed(text_config, upto_seq)
-        recent = range(upto_seq, max(0, upto_seq - 2 * lexical.SAMPLE), -1)
-        sample = [index.sets[s] for s in recent if s in index.sets][: lexical.SAMPLE]
-        terms = lexical.rare_terms(index.lex(query), sample)
         allowed, skip = self._allowed(stream, branch), set(exclude)
+        top = lexical.read_from(upto_seq, skip)
 
         def keep(seq: int) -> bool:
             return seq in allowed and seq not in skip
 
-        found: set[int] = set()
-        for term in terms:
-            found.update(index.newest(term, upto_seq, keep, lexical.MAX_CANDIDATES))
-        matches = sorted(found, reverse=True)[: lexical.MAX_CANDIDATES]
-        return lexical.rank(terms, [(s, index.lexemes[s]) for s in matches], limit)
+        postings: dict[str, list[tuple[int, int, int]]] = {}
+        for term in lexical.query_lexemes(index.lex(query)):
+            seqs = index.newest(term, top, keep, lexical.PER_TERM)
+            rows = [(q, index.counts[q][term], len(index.counts[q])) for q in seqs]
+            if rows:
+                postings[term] = rows
+        return lexical.rank(postings, top=top, total=upto_seq, limit=limit)
 
     async def recall_messages(
         self,
@@ -375,9 +377,11 @@ class MemoryStore(Store):
         for seq in sorted(set(seqs)):
             if not 0 < seq <= min(upto_seq, len(stream.events)) or seq not in allowed:
                 continue
-            payload = stream.events[seq - 1].payload
+            event = stream.events[seq - 1]
+            payload = event.payload
             if isinstance(payload, MessageAppended):
-                out.append(Recalled(seq, copy.deepcopy(dict(payload.message)), payload.tokens))
+                message = copy.deepcopy(dict(payload.message))
+                out.append(Recalled(seq, message, payload.tokens, event.created_at))
         return out
 
     async def checkpoints(self, session_id: str) -> list[Checkpoint]:

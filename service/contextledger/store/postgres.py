@@ -57,13 +57,7 @@ from contextledger.store.base import (
 from contextledger.store.batching import AppendBatcher
 from contextledger.store.dsn import asyncpg_dsn, redact
 from contextledger.store.errors import translate, translated, translated_iter
-from contextledger.store.lexical import (
-    KEEP_RAREST,
-    MAX_CANDIDATES,
-    MAX_LEXEMES,
-    MAX_QUERY_LEXEMES,
-    SAMPLE,
-)
+from contextledger.store.lexical import B, K1, MAX_QUERY_LEXEMES, PER_TERM, RECENCY, read_from
 
 log = structlog.get_logger(__name__)
 S = "contextledger"
@@ -196,6 +190,10 @@ _GIVEN_SEQS = """
 #: Message events of the branch (of ``events e``).
 _ON_BRANCH = " e.type = 'message.appended' AND" + _BRANCH_SEQS
 _ON_GIVEN_BRANCH = " e.type = 'message.appended' AND" + _GIVEN_SEQS
+#: A posting (``x``, a message event's) on the branch: the current one, or $5's.
+_POSTING_ON_BRANCH = f"""(x.seq > {_BRANCH_BASE}
+      OR x.seq IN (SELECT seq FROM {S}.branch_items WHERE session_id = $1 AND part = 0))"""
+_POSTING_ON_GIVEN_BRANCH = "(SELECT $5::text::int8multirange) @> x.seq"
 #: The search's gate probes the seqs a request leaves out one by one up to this many;
 #: beyond, something is surely left out at length and the gate opens without a probe.
 MAX_GATE_GAPS = 256
@@ -217,113 +215,118 @@ class _ClosedGate(NamedTuple):
     tip: tuple[int, str]  # (seq, hash) of the chain as this store has extended it since
 
 
-#: Vectors are not written by appends (0006: the parser would run in every append): the
-#: search indexes the session's message events above its highest indexed seq itself, in
-#: the same statement. Events of a session are committed in seq order, so the indexed
-#: ones are always a prefix; ``fresh`` is computed once, stored, and searched alongside.
-#: Vectors are derived data, so the search's commit does not wait for the WAL flush (an
+#: A message's postings from its vector ``v`` (migration 0010 spells the same rows).
+POSTINGS = """
+    SELECT v.session_id, t.lexeme, v.seq, v.tenant_id,
+           least(coalesce(array_length(t.positions, 1), 1), 32767)::smallint AS tf,
+           least(length(v.v), 32767)::smallint AS dl
+      FROM {src} v CROSS JOIN LATERAL unnest(v.v) t
+    UNION ALL
+    SELECT v.session_id, '', v.seq, v.tenant_id, 0::smallint, least(length(v.v), 32767)::smallint
+      FROM {src} v"""
+#: Postings are not written by appends (0006, 0010: the parser would run in every append):
+#: the search indexes the session's message events above its highest indexed seq itself,
+#: in the same statement. Events of a session are committed in seq order, so the indexed
+#: ones are always a prefix (the empty lexeme marks each indexed message: the newest one
+#: is one backward index step); ``fresh`` is computed once, stored, and searched alongside.
+#: Postings are derived data, so the search's commit does not wait for the WAL flush (an
 #: fsync per request otherwise): a crash can lose only the newest ones, a suffix, which
 #: the next search indexes again (``_SEARCH_SETTINGS``).
 _CATCH_UP = f"""
-WITH indexed AS MATERIALIZED (  -- the highest indexed seq: one backward index step
-    SELECT coalesce((SELECT x.seq FROM {S}.event_search x
-                      WHERE x.session_id = $1 AND x.tenant_id = {S}.current_tenant()
+WITH indexed AS MATERIALIZED (
+    SELECT coalesce((SELECT x.seq FROM {S}.event_terms x
+                      WHERE x.session_id = $1 AND x.lexeme = '' AND x.tenant_id = {S}.current_tenant()
                       ORDER BY x.seq DESC LIMIT 1), 0) AS upto
-), fresh AS MATERIALIZED (
-    SELECT e.session_id, e.seq, e.tenant_id, {SEARCH_VECTOR} AS search FROM {S}.events e
+), fresh_vectors AS MATERIALIZED (
+    SELECT e.session_id, e.seq, e.tenant_id, {SEARCH_VECTOR} AS v FROM {S}.events e
      WHERE e.session_id = $1 AND e.tenant_id = {S}.current_tenant()
        AND e.seq > (SELECT upto FROM indexed) AND e.type = 'message.appended'
+), fresh AS MATERIALIZED ({POSTINGS.format(src="fresh_vectors")}
 ),"""
 _STORE_FRESH = f""" stored AS (
-    INSERT INTO {S}.event_search (session_id, seq, tenant_id, search)
-    SELECT session_id, seq, tenant_id, search FROM fresh ON CONFLICT DO NOTHING
+    INSERT INTO {S}.event_terms (session_id, lexeme, seq, tenant_id, tf, dl)
+    SELECT session_id, lexeme, seq, tenant_id, tf, dl FROM fresh ON CONFLICT DO NOTHING
 ),"""
-#: Lexical recall, in bounded work whatever the session's length. The turn becomes lexemes
-#: through PostgreSQL's parser, dictionaries and stop words ($6 is the configuration).
-#: Lexemes frequent in the session say little about what to recall (BM25 gives them almost
-#: no weight) but match most of the history, so each lexeme's frequency is estimated on the
-#: session's last ``SAMPLE`` messages and those in more than a quarter of them are dropped,
-#: the ``KEEP_RAREST`` rarest kept unless in half of them (measured on bench/recall.py: a
-#: tenth dropped service names its questions need, 88% → 100%); the kept ones (at most
-#: ``MAX_LEXEMES``, rarest first) find the matching left-out events of the branch through
-#: the GIN index, the newest ``MAX_CANDIDATES`` at most. ``ts_rank_cd`` alone knows no
-#: document frequency and favours long documents (measured on bench/recall.py: 1 of 60 asked
-#: facts in its top 24), so each lexeme is weighted by its inverse document frequency
-#: (counted on the matches; N is $3), as BM25 does: a service's name outweighs "port". An
-#: event scores the weights of the lexemes it contains over 1 + ln(its distinct lexemes),
-#: times 1 + the ``ts_rank_cd`` of each (frequency and proximity, saturated; computed once
-#: per match, which is 2-3x cheaper than joining back for the top ones). What the request
-#: carries ($4) is left out; ties go to the newer event. A request that carries every
-#: message of the branch (a session shorter than its budget) has nothing to recall. Seqs
-#: are dense, so what it leaves out lies among the seqs up to $3 it does not carry (the
-#: gaps, ``$G``, listed by the caller): when there are few, the gate probes them by key and
-#: the rest never runs unless one is a branch message; when there are many (``$G`` NULL)
-#: the gate is open without a probe. (A range probe here was O(history): the generic plan
-#: expects a session of a few rows and scans the range as a bitmap.) The catch-up still
-#: indexes what is new, so no backlog waits for the first search.
-#: The matches come with their messages (as ``RECALL_MESSAGES`` reads them), so a
-#: request's recall is one statement, not two (a second round trip was ~0.8 ms of a
-#: ~4 ms request at 300 turns). Each is read by its key: a LATERAL subquery kept apart
-#: (``OFFSET 0``), where ``top.seq`` is a parameter, so an index condition. Joined (or
-#: pulled up), the generic plan could estimate the session at one row and scan all its
-#: events per match, the seq a mere filter: 44 of a 45 ms search on bench/recall.py.
+#: Lexical recall, in work bounded by the query whatever the session's length (the rules
+#: are ``store.lexical``'s, which ``memory://`` follows in Python). The query becomes
+#: lexemes through PostgreSQL's parser, dictionaries and stop words ($6 is the
+#: configuration); for each of its ``MAX_QUERY_LEXEMES`` longest, the newest ``PER_TERM``
+#: postings of the branch's message events below the request's tail ($T: what the request
+#: carries at its end is skipped by the index condition, the few others it carries, $4,
+#: are filtered) are one backward range of the ``event_terms`` key. A GIN index answered
+#: ``@@`` with every match instead, and on natural text a mid-frequency word matches
+#: thousands of messages (the search grew 1.1 -> 94.6 ms a turn from 100 to 20,000 turns).
+#: A lexeme read whole has its exact document frequency; one read to the cap has it
+#: estimated from how far back its postings reach (``lexical.estimated_df``). BM25 scores
+#: each message from the postings' own ``tf`` and ``dl`` (no vector read back), times a
+#: small preference for the newer statement; ties go to the newer event. A request that
+#: carries every message of the branch (a session shorter than its budget) has nothing to
+#: recall. Seqs are dense, so what it leaves out lies among the seqs up to $3 it does not
+#: carry (the gaps, ``$G``, listed by the caller): when there are few, the gate probes them
+#: by key and the rest never runs unless one is a branch message; when there are many
+#: (``$G`` NULL) the gate is open without a probe. The catch-up still indexes what is new,
+#: so no backlog waits for the first search.
+#: The matches come with their messages and times, so a request's recall is one statement.
+#: Each is read by its key: a LATERAL subquery kept apart (``OFFSET 0``), where ``top.seq``
+#: is a parameter, so an index condition (joined, the generic plan could estimate the
+#: session at one row and scan all its events per match).
 _SEARCH = f"""{{head}} gate AS MATERIALIZED (
     SELECT $G::bigint[] IS NULL
         OR EXISTS (SELECT FROM {S}.events e WHERE {{on_branch}} AND e.seq = ANY($G::bigint[]))
            AS open
 ), lq AS MATERIALIZED (
-    SELECT l, quote_literal(l)::tsquery AS q
-      FROM unnest(tsvector_to_array(to_tsvector($6::regconfig, $2))) AS l
+    SELECT l FROM unnest(tsvector_to_array(to_tsvector($6::regconfig, $2))) AS l
      WHERE (SELECT open FROM gate)
      ORDER BY length(l) DESC, l LIMIT {MAX_QUERY_LEXEMES}
-), sample AS MATERIALIZED (
-    SELECT d.v FROM ({{docs_sample}}) d ORDER BY d.seq DESC LIMIT {SAMPLE}
-), df AS MATERIALIZED (
-    SELECT lq.l, lq.q, (SELECT count(*) FROM (
-        SELECT FROM sample WHERE sample.v @@ lq.q LIMIT {SAMPLE // 2}) s) AS n FROM lq
-), rare AS MATERIALIZED (
-    SELECT l, q FROM (SELECT l, q, n, row_number() OVER (ORDER BY n, l) AS r FROM df) d
-     WHERE n <= greatest(8, (SELECT count(*) FROM sample) / 4)
-        OR (r <= {KEEP_RAREST} AND 2 * n < (SELECT count(*) FROM sample))
-     ORDER BY n, l LIMIT {MAX_LEXEMES}
-), rq AS MATERIALIZED (
-    SELECT string_agg(quote_literal(l), ' | ')::tsquery AS q FROM rare
-), m AS MATERIALIZED (
-    SELECT d.seq, d.v FROM ({{docs_match}}) d ORDER BY d.seq DESC LIMIT {MAX_CANDIDATES}
-), hits AS MATERIALIZED (
-    SELECT m.seq, rare.l, length(m.v) AS size, ts_rank_cd(m.v, rare.q, 2 | 32) AS r
-      FROM m JOIN rare ON m.v @@ rare.q
+), post AS MATERIALIZED (
+    SELECT lq.l, p.seq, p.tf, p.dl FROM lq CROSS JOIN LATERAL (
+        SELECT y.seq, y.tf, y.dl FROM ({{postings}}) y ORDER BY y.seq DESC LIMIT {PER_TERM}
+    ) p
 ), w AS MATERIALIZED (
-    SELECT l, ln(1 + (greatest($3, count(*)) - count(*) + 0.5) / (count(*) + 0.5))::float8 AS idf
-      FROM hits GROUP BY l
-), c AS MATERIALIZED (
-    SELECT hits.seq, sum(w.idf) / (1 + ln(max(hits.size))) AS coarse, sum(hits.r) AS r
-      FROM hits JOIN w USING (l)
-     GROUP BY hits.seq ORDER BY coarse DESC, hits.seq DESC LIMIT 4 * $7
+    SELECT l, ln(1 + (greatest($3, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf FROM (
+        SELECT l, CASE WHEN count(*) < {PER_TERM} THEN count(*)::float8
+                       ELSE least($3::float8, count(*) * $3::float8
+                                  / greatest(1, $T::bigint - min(seq) + 1)) END AS df
+          FROM post GROUP BY l) d
 ), top AS MATERIALIZED (
-    SELECT c.seq, c.coarse * (1 + c.r) AS rank FROM c ORDER BY rank DESC, c.seq DESC LIMIT $7
+    SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}
+                      / (p.tf + {K1} * (1 - {B} + {B} * p.dl / greatest(1.0, (SELECT avg(dl) FROM post)))))
+               * (1 + {RECENCY} * p.seq / greatest(1, $T::bigint)::float8) AS rank
+      FROM post p JOIN w USING (l)
+     GROUP BY p.seq ORDER BY rank DESC, p.seq DESC LIMIT $7
 )
-(SELECT top.seq, top.rank, e.message, e.tokens
+(SELECT top.seq, top.rank, e.message, e.tokens, e.created_at
    FROM top CROSS JOIN LATERAL (
-        SELECT (x.data -> 'message')::text AS message, x.tokens FROM {S}.events x
+        SELECT (x.data -> 'message')::text AS message, x.tokens, x.created_at FROM {S}.events x
          WHERE x.session_id = $1 AND x.seq = top.seq AND x.tenant_id = {S}.current_tenant()
         OFFSET 0
    ) e
+  WHERE top.rank > 0
   ORDER BY top.rank DESC, top.seq DESC)
-UNION ALL SELECT {CLOSED}::bigint, 0::float8, NULL, NULL FROM gate WHERE NOT gate.open"""
+UNION ALL SELECT {CLOSED}::bigint, 0::float8, NULL, NULL, NULL FROM gate WHERE NOT gate.open"""
 _UNINDEXED = "jsonb_to_tsvector($6::regconfig, e.data -> 'message', '[\"string\", \"numeric\"]')"
-_IN_SAMPLE = f"e.session_id = $1 AND e.seq <= $3 AND e.seq > $3 - {2 * SAMPLE}"
-#: (``rq`` is NULL when no lexeme was kept: a one-time filter, so no index is even opened;
-#: what the request carries is left out through a hashed subplan: ``<> ALL`` of an array
-#: parameter compares each match with every carried seq in a generic plan)
-_MATCHES = (
-    "(SELECT q FROM rq) IS NOT NULL AND {v} @@ (SELECT q FROM rq) AND {branch}"
-    " AND NOT (SELECT $4::text::int8multirange) @> e.seq"
-)
-#: The stored vectors matching ``rq`` in the session, through the index keyed by session
-#: (0007): O(matches), and usable under row-level security, where ``@@`` (not leakproof)
-#: may not be an index condition of a plain scan.
-_STORED_MATCHES = f"{S}.session_matches($1, (SELECT q FROM rq))"
+#: A lexeme's postings up to $T: stored (``event_terms``, by its key) and fresh; or, for
+#: another text search configuration, computed from the branch's messages on the fly.
+#: Each arm is limited itself, so the stored one is a backward index scan that stops after
+#: ``PER_TERM`` rows (limited only outside, the plan sorted every posting of the lexeme).
+_LEFT_OUT = "NOT (SELECT $4::text::int8multirange) @> x.seq AND {branch}"
+_STORED_POSTINGS = f"""
+            (SELECT x.seq, x.tf, x.dl FROM {S}.event_terms x
+              WHERE x.session_id = $1 AND x.lexeme = lq.l AND x.seq <= $T::bigint
+                AND x.tenant_id = {S}.current_tenant() AND {_LEFT_OUT}
+              ORDER BY x.seq DESC LIMIT {PER_TERM})
+            UNION ALL
+            (SELECT x.seq, x.tf, x.dl FROM fresh x
+              WHERE x.lexeme = lq.l AND x.seq <= $T::bigint AND {_LEFT_OUT}
+              ORDER BY x.seq DESC LIMIT {PER_TERM})"""
+_COMPUTED_POSTINGS = f"""
+            SELECT x.seq, x.tf, x.dl FROM computed x WHERE x.lexeme = lq.l AND {_LEFT_OUT}"""
+_COMPUTED = f"""WITH computed_vectors AS MATERIALIZED (
+    SELECT e.session_id, e.seq, e.tenant_id, {_UNINDEXED} AS v FROM {S}.events e
+     WHERE e.type = 'message.appended' AND e.session_id = $1 AND e.seq <= $T::bigint
+       AND e.tenant_id = {S}.current_tenant()
+), computed AS MATERIALIZED ({POSTINGS.format(src="computed_vectors")}
+),"""
 
 
 #: For the search's own transaction: its commit need not wait for the WAL flush (see
@@ -388,42 +391,45 @@ def gate_gaps(upto_seq: int, carried: Collection[int]) -> list[int] | None:
     return [x for x in range(1, upto_seq + 1) if x not in held]
 
 
-def search_sql(
-    *, indexed: bool, given_branch: bool, store: bool = True, definer: bool = True
-) -> str:
-    """The recall search: on the stored vectors (catching up first; ``store=False`` on a
-    read-only server computes the missing ones without storing them), or on vectors
+def search_sql(*, indexed: bool, given_branch: bool, store: bool = True) -> str:
+    """The recall search: on the stored postings (catching up first; ``store=False`` on a
+    read-only server computes the missing ones without storing them), or on postings
     computed on the fly for another text search configuration."""
-    branch = _GIVEN_SEQS if given_branch else _BRANCH_SEQS
     on_branch = _ON_GIVEN_BRANCH if given_branch else _ON_BRANCH
+    branch = _POSTING_ON_GIVEN_BRANCH if given_branch else _POSTING_ON_BRANCH
     if indexed:
-        match = _MATCHES.format(v="e.search", branch=branch)
-
-        def docs(stored: str, where: str) -> str:
-            return (
-                f"SELECT e.seq, e.search AS v FROM {stored} e WHERE {where}"
-                f" UNION ALL SELECT e.seq, e.search FROM fresh e WHERE {where}"
-            )
-
         head = _CATCH_UP + (_STORE_FRESH if store else "")
-        return _SEARCH.format(
-            head=head,
-            on_branch=on_branch,
-            docs_sample=f"(SELECT e.seq, e.search AS v FROM {S}.event_search e"
-            f" WHERE {_IN_SAMPLE} ORDER BY e.seq DESC LIMIT {SAMPLE})"
-            f" UNION ALL SELECT e.seq, e.search FROM fresh e WHERE {_IN_SAMPLE}",
-            # a role without EXECUTE on session_matches reads the table (RLS applies)
-            docs_match=docs(_STORED_MATCHES if definer else f"{S}.event_search", match),
-        )
-    message = "e.type = 'message.appended' AND "
-    match = _MATCHES.format(v=_UNINDEXED, branch=branch)
-    return _SEARCH.format(
-        head="WITH",
-        on_branch=on_branch,
-        docs_sample=f"SELECT e.seq, {_UNINDEXED} AS v FROM {S}.events e"
-        f" WHERE {message}{_IN_SAMPLE}",
-        docs_match=f"SELECT e.seq, {_UNINDEXED} AS v FROM {S}.events e WHERE {message}{match}",
+        postings = _STORED_POSTINGS
+    else:
+        head, postings = _COMPUTED, _COMPUTED_POSTINGS
+    postings = postings.replace("{branch}", branch)
+    return _SEARCH.format(head=head, on_branch=on_branch, postings=postings)
+
+
+def search_statement(
+    query: str,
+    exclude: Collection[int],
+    upto_seq: int,
+    branch: Collection[int] | None,
+    limit: int,
+    text_config: str,
+    gaps: list[int] | None,
+    *,
+    store: bool = True,
+) -> tuple[str, list[Any]]:
+    """The search's SQL and its arguments (the session id, ``$1``, left for the caller):
+    live (``branch`` None) or a replay's."""
+    args: list[Any] = [None, query, upto_seq, seq_ranges(exclude)]
+    args += [seq_ranges(branch) if branch is not None else None, text_config, limit]
+    if branch is None:  # $5 unused: keep the parameter list dense
+        del args[4]
+    args += [read_from(upto_seq, exclude), gaps]
+    text = search_sql(
+        indexed=text_config == INDEX_TEXT_CONFIG, given_branch=branch is not None, store=store
     )
+    if branch is None:
+        text = text.replace("$6", "$5").replace("$7", "$6")
+    return text.replace("$T", f"${len(args) - 1}").replace("$G", f"${len(args)}"), args
 
 
 #: Embeddings for hybrid recall (created on first use where ``vector`` exists; not a
@@ -456,7 +462,7 @@ SELECT e.seq, x.embedding <=> q.embedding AS distance
    AND NOT (SELECT $4::text::int8multirange) @> x.seq AND {{branch}}
  ORDER BY distance, e.seq DESC LIMIT $6"""
 RECALL_MESSAGES = f"""
-SELECT e.seq, (e.data -> 'message')::text, e.tokens FROM {S}.events e
+SELECT e.seq, (e.data -> 'message')::text, e.tokens, e.created_at FROM {S}.events e
  WHERE e.session_id = $1 AND e.seq = ANY($2::bigint[]) AND {{branch}}
  ORDER BY e.seq"""
 #: User messages read back from the tail's start to find the latest human turn (the
@@ -557,7 +563,6 @@ class PostgresStore(Store):
         self._hot_max = hot_connections
         self._vectors: bool | None = None  # pgvector present? (asked once)
         self._closed: dict[str, _ClosedGate] = {}  # each session's last closed gate
-        self._definer = True  # may this role EXECUTE session_matches (0007)? until denied
 
     @classmethod
     @translated
@@ -1343,7 +1348,7 @@ class PostgresStore(Store):
             session_id, query, exclude, upto_seq, branch, limit, text_config, head
         )
         found = [(r[0], float(r[1])) for r in rows]
-        recalled = [Recalled(r[0], json.loads(r[2]), r[3]) for r in rows]
+        recalled = [Recalled(r[0], json.loads(r[2]), r[3], r[4]) for r in rows]
         return found, sorted(recalled, key=attrgetter("seq"))
 
     async def _search(
@@ -1357,7 +1362,7 @@ class PostgresStore(Store):
         text_config: str,
         head: int | None,
     ) -> list[asyncpg.Record]:
-        """The search's rows, best first: (seq, rank, message JSON, tokens)."""
+        """The search's rows, best first: (seq, rank, message JSON, tokens, created_at)."""
         gaps = gate_gaps(upto_seq, exclude)
         closed = self._closed.get(session_id) if branch is None else None
         start = self._heads.get(session_id)
@@ -1382,22 +1387,15 @@ class PostgresStore(Store):
             # of a later head elsewhere (a view reloaded after another process's rollback)
             # searches.
             return []
-        args: list[Any] = [session_id, query, upto_seq, seq_ranges(exclude)]
-        args += [seq_ranges(branch) if branch is not None else None, text_config, limit]
-        if branch is None:  # $5 unused: keep the parameter list dense
-            del args[4]
-        args.append(gaps)
+        text, args = search_statement(query, exclude, upto_seq, branch, limit, text_config, gaps)
+        args[0] = session_id
 
-        def sql(store: bool) -> str:
-            text = search_sql(
-                indexed=text_config == INDEX_TEXT_CONFIG,
-                given_branch=branch is not None,
-                store=store,
-                definer=self._definer,
-            )
-            if branch is None:
-                text = text.replace("$6", "$5").replace("$7", "$6")
-            return text.replace("$G", f"${len(args)}")
+        def sql(store: bool) -> str:  # a standby's statement stores nothing
+            if store:
+                return text
+            return search_statement(
+                query, exclude, upto_seq, branch, limit, text_config, gaps, store=False
+            )[0]
 
         async def attempt() -> list[asyncpg.Record]:
             try:
@@ -1410,16 +1408,7 @@ class PostgresStore(Store):
                     f"recall.text_search_config: {exc}", field="recall.text_search_config"
                 ) from None
 
-        try:
-            rows = await attempt()
-        except asyncpg.InsufficientPrivilegeError as exc:
-            if not self._definer or "session_matches" not in str(exc):
-                raise
-            # A role other than contextledger_service (SERVICE_ROLE, an application role
-            # with table grants): the same rows from the table, RLS applying.
-            log.warning("recall_session_matches_denied", error=str(exc))
-            self._definer = False
-            rows = await attempt()
+        rows = await attempt()
         if branch is None:
             self._closed.pop(session_id, None)
             tip = self._heads.get(session_id)
@@ -1548,7 +1537,7 @@ class PostgresStore(Store):
             rows = await self._pool.fetch(
                 sql, session_id, sorted(seqs), upto_seq, seq_ranges(branch)
             )
-        return [Recalled(r[0], json.loads(r[1]), r[2]) for r in rows]
+        return [Recalled(r[0], json.loads(r[1]), r[2], r[3]) for r in rows]
 
     @translated
     async def checkpoints(self, session_id: str) -> list[Checkpoint]:
