@@ -26,13 +26,19 @@ from contextledger.core.config import REDACTED, ContextConfig, RecallConfig
 from contextledger.core.recall import (
     CARRIED_KINDS,
     RecallBlock,
+    asks_about_past,
     fuse,
+    give_back,
     latest_turn,
+    make_room,
     message_text,
     pick,
     query_anchor,
+    query_end,
     query_text,
     recall_budget,
+    room_start,
+    with_neighbours,
 )
 from contextledger.core.recall import place as place_recall
 from contextledger.core.tokens import TokenCounter
@@ -45,6 +51,9 @@ from contextledger.store.base import Store
 log = structlog.get_logger(__name__)
 #: Neighbours fetched around a match so its tool unit (call + results) comes whole.
 UNIT_RADIUS = 4
+#: How many of a second hop's finds go right after the strong matches (those scoring at
+#: least ``STRONG`` times the best); the rest go last.
+HOP_FIRST, STRONG = 3, 0.5
 #: Events embedded per request at most (the first request of a long session catches
 #: up over a few turns), and per embedding call.
 EMBED_PER_REQUEST = 512
@@ -76,6 +85,22 @@ def reserve_for(budget_tokens: int, config: RecallConfig) -> int:
     return recall_budget(budget_tokens, config.share) if config.enabled else 0
 
 
+def extra_for(budget_tokens: int, config: RecallConfig) -> int:
+    """Tokens the block may take beyond its share when the latest turn asks about the past
+    (``max_share``), out of the view's oldest part (0 when recall is off)."""
+    if not config.enabled:
+        return 0
+    return recall_budget(budget_tokens, config.max_share) - reserve_for(budget_tokens, config)
+
+
+def asks(view: Sequence[ViewItem]) -> bool:
+    """Whether ``view``'s latest turn asks about the past, and the model has not acted on it
+    yet (no tool call since): then recall may take more room. In the tool loop that
+    follows, the share is the usual one and the search started at each call is used."""
+    at = latest_turn(view)
+    return at is not None and query_end(view) == at and asks_about_past(query_text(view))
+
+
 async def recall_for_request(
     store: Store,
     session_id: str,
@@ -87,6 +112,7 @@ async def recall_for_request(
     upto_seq: int,
     branch: Collection[int] | None = None,
     api_key: str | None = None,
+    hop: bool = False,
 ) -> RecallBlock:
     """The recall block for a request carrying ``view`` (empty when nothing relevant
     was left out, recall is off, or there is no user turn to search for).
@@ -111,8 +137,10 @@ async def recall_for_request(
         limit=config.max_matches,
         text_config=config.text_search_config,
         head=upto_seq if branch is None else None,
+        hop=hop,
     )
-    ranked = [seq for seq, _ in matches]
+    ranked = [seq for seq, score in matches if score > 0]
+    hops = [seq for seq, score in matches if score < 0]  # the second hop's, best first
     # hybrid's embeddings are searched up to ``upto_seq``, as are their units' neighbours
     hybrid = config.engine == "hybrid" and bool(config.embedding_model)
     if hybrid:
@@ -123,7 +151,8 @@ async def recall_for_request(
         if nearest:
             ranked = fuse([ranked, nearest])[: config.max_matches]
             kept = set(ranked)  # a lexical match fusion dropped is no candidate
-            messages = [m for m in messages if m.seq in kept]
+            matched = set(ranked)  # (the neighbours and the hop's stay)
+            messages = [m for m in messages if m.seq in kept or m.seq not in matched]
             read = {m.seq for m in messages}
             if len(read) < len(kept):
                 messages += await store.recall_messages(
@@ -140,8 +169,16 @@ async def recall_for_request(
         messages += await store.recall_messages(
             session_id, window, upto_seq=upto_seq if hybrid else anchor, branch=branch
         )
+    order = with_neighbours(ranked, {m.seq for m in messages})
+    # the hop's best right after the strong matches (scoring at least half the best: what
+    # the hop was found through), before the weak ones; the rest after everything else
+    if hops:
+        best = max(score for _, score in matches)
+        strong = sum(1 for _, score in matches if score >= STRONG * best)
+        at = order.index(ranked[strong - 1]) + 1
+        order = [*order[:at], *hops[:HOP_FIRST], *order[at:], *hops[HOP_FIRST:]]
     return pick(
-        ranked,
+        order,
         messages,
         budget_tokens=budget_tokens,
         counter=counter,
@@ -239,10 +276,27 @@ async def with_recall(
     *,
     upto_seq: int,
     branch: Collection[int] | None,
+    extra: int = 0,
 ) -> Sequence[ViewItem]:
-    """``view`` with the recall block of what it left out, announced on the hook bus."""
-    block = await recall_block(session, view, room, cfg, upto_seq=upto_seq, branch=branch)
-    return view if block.empty else place_recall(view, block)
+    """``view`` with the recall block of what it left out, announced on the hook bus.
+
+    With ``extra`` and a latest turn that asks about the past, the view's oldest messages
+    (up to ``extra`` tokens, the recent part stays) are left out too and the block may
+    take their room; the newest of them that the block leaves room for come back."""
+    start = end = room_start(view)
+    if extra > 0 and asks(view):
+        end = make_room(view, extra)
+    if end == start:
+        block = await recall_block(session, view, room, cfg, upto_seq=upto_seq, branch=branch)
+        return view if block.empty else place_recall(view, block)
+    gained = sum(item.tokens for item in view[start:end])
+    narrowed = [*view[:start], *view[end:]]
+    block = await recall_block(
+        session, narrowed, room + gained, cfg, upto_seq=upto_seq, branch=branch, hop=True
+    )
+    back = give_back(view, start, end, room + gained - block.tokens, set(block.seqs))
+    narrowed = [*view[:start], *view[back:]]
+    return narrowed if block.empty else place_recall(narrowed, block)
 
 
 async def recall_block(
@@ -253,12 +307,14 @@ async def recall_block(
     *,
     upto_seq: int,
     branch: Collection[int] | None,
+    hop: bool = False,
 ) -> RecallBlock:
     """The recall block for ``view`` (``with_recall`` without placing it), announced on
-    the hook bus when not empty."""
+    the hook bus when not empty; ``hop``: with a second hop (a question's)."""
     if not room:
         return RecallBlock(None, (), 0, "")
-    return await announced(session, search_for(session, view, room, cfg, upto_seq, branch))
+    search = search_for(session, view, room, cfg, upto_seq, branch, hop=hop)
+    return await announced(session, search)
 
 
 def search_for(
@@ -268,6 +324,8 @@ def search_for(
     cfg: ContextConfig,
     upto_seq: int,
     branch: Collection[int] | None = None,
+    *,
+    hop: bool = False,
 ) -> Coroutine[Any, Any, RecallBlock]:
     """``recall_for_request`` for ``session``'s store, config and key (not announced)."""
     return recall_for_request(
@@ -280,6 +338,7 @@ def search_for(
         upto_seq=upto_seq,
         branch=branch,
         api_key=embedding_key(session, cfg),
+        hop=hop,
     )
 
 

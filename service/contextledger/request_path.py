@@ -38,6 +38,7 @@ from contextledger.core.recall import (
     anchor_of,
     block_item,
     latest_turn,
+    leaves_out,
     query_end,
 )
 from contextledger.core.tokens import TokenCounter
@@ -48,7 +49,9 @@ from contextledger.hooks import HookBus
 from contextledger.protocols import LedgerHandle
 from contextledger.recall import (
     announced,
+    asks,
     carried_seqs,
+    extra_for,
     recall_block,
     reserve_for,
     search_for,
@@ -284,6 +287,7 @@ class RequestPath:
             self.token_budget = token_budget
         cfg = s._config
         recall_room = reserve_for(budget, cfg.recall)  # the recall block's share
+        extra = extra_for(budget, cfg.recall)  # and what it may take for a question
         budget -= recall_room
         # 1. plan
         planner = await self._request_planner(budget, recall_room)
@@ -306,9 +310,13 @@ class RequestPath:
         model = target_model(provider, s.model)
         self._room = recall_room
         at = latest_turn(items) if recall_room else None
-        if at is None or not splice_safe(items, at):
+        if extra and not leaves_out(planner.view_tokens, items):
+            extra = 0  # the whole view is carried: nothing to widen recall for
+        if at is None or not splice_safe(items, at) or (extra and asks(items)):
             self._drop_speculation()
-            sent = await with_recall(s, items, recall_room, cfg, upto_seq=s._head, branch=None)
+            sent = await with_recall(
+                s, items, recall_room, cfg, upto_seq=s._head, branch=None, extra=extra
+            )
             return finish_request_view(sent, target_model=model, cache=self._finished)
         speculated = self._speculated(items, recall_room, cfg)
         if speculated is not None:
@@ -421,6 +429,7 @@ class RequestPath:
             config, state.model, token_budget=token_budget, provider=provider
         ).available
         recall_room = reserve_for(budget, config.recall)
+        extra = extra_for(budget, config.recall)
         budget -= recall_room + bridge_reserve(state.view, s.counter)
         if budget <= 0:
             raise CompactionError(
@@ -434,5 +443,9 @@ class RequestPath:
             whole_tokens=budget + recall_room,
         )
         branch = [i.seq for i in state.branch if i.ref[1] == 0]
-        view = await with_recall(s, items, recall_room, config, upto_seq=seq, branch=branch)
+        if extra and not leaves_out(sum(i.tokens for i in state.view), items):
+            extra = 0
+        view = await with_recall(
+            s, items, recall_room, config, upto_seq=seq, branch=branch, extra=extra
+        )
         return finish_request_view(view, target_model=target_model(provider, s.model))

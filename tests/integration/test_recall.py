@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -12,15 +13,21 @@ from typing import Any
 
 import asyncpg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from contextledger import Ledger
 from contextledger.core.events import MessageAppended, SessionCreated
 from contextledger.session import Session
 from contextledger.store.dsn import asyncpg_dsn
+from contextledger.store.lexical import neighbours
 from contextledger.store.migrate import upgrade
 from contextledger.store.postgres import MAX_GATE_GAPS, RECHECK_AFTER, PostgresStore
 from tests.fakellm import FakeLLM, running_fake_llm
 from tests.integration.conftest import PG_HOST, PG_PORT
+
+#: A recall line's date: on the first line, and where the day changes (``core.recall._lines``)
+DAY = r"( \d{4}-\d\d-\d\d)?"
 
 FACT = "Heads up: the orchard-api gateway binds to 18443 on staging."
 QUESTION = "Which port should the health check use for orchard-api in staging?"
@@ -60,7 +67,7 @@ async def test_a_truncated_fact_comes_back_before_the_latest_turn(ledger: Ledger
     session.hooks.on("context:include", lambda _n, data: included.append(data))
     request = await session.get_messages_for_request(token_budget=2000)
     blocks = recall_blocks(request)
-    assert len(blocks) == 1 and "[#3 user] " + FACT in blocks[0]
+    assert len(blocks) == 1 and re.search(rf"\[#3{DAY} user\] {re.escape(FACT)}", blocks[0])
     assert request[-1]["content"] == QUESTION and recall_blocks([request[-2]]) == blocks
     assert request[0]["role"] == "system"
     assert sum(session.counter.count_message(m) for m in request) <= 2000
@@ -137,8 +144,8 @@ async def test_tool_units_come_back_whole(ledger: Ledger) -> None:
     await session.add_message({"role": "user", "content": "Who is the owner of that service?"})
     request = await session.get_messages_for_request(token_budget=2000)
     (block,) = recall_blocks(request)
-    assert "[#3 assistant] describe_service(" in block
-    assert '[#4 tool result] {"owner": "mei@fernhill.io"}' in block
+    assert re.search(rf"\[#3{DAY} assistant\] describe_service\(", block)
+    assert re.search(rf'\[#4{DAY} tool result\] {{"owner": "mei@fernhill.io"}}', block)
 
 
 async def test_an_unknown_text_search_configuration_is_a_typed_error(pg_ledger: Ledger) -> None:
@@ -318,11 +325,11 @@ async def test_the_search_reads_its_matches_messages_as_recall_messages_does(
     store, sid = session._store, session.session_id
     branch = [e.seq async for e in session.events() if e.type == "message.appended"]
     branch.remove(abandoned)
-    for given in (None, branch):
+    for replayed in (None, branch):
         args: dict[str, Any] = {
             "exclude": set(branch[-6:]),
             "upto_seq": session.head,
-            "branch": given,
+            "branch": replayed,
             "limit": 8,
             "text_config": "english",
         }
@@ -330,9 +337,14 @@ async def test_the_search_reads_its_matches_messages_as_recall_messages_does(
         assert found == await store.search(sid, QUESTION, **args)
         assert found and abandoned not in [seq for seq, _ in found]
         seqs = [seq for seq, _ in found]
-        expected = await store.recall_messages(sid, seqs, upto_seq=session.head, branch=given)
+        # the matches and the neighbours of the best ones, as recall_messages reads them
+        near = neighbours(seqs, session.head, args["exclude"])
+        expected = await store.recall_messages(
+            sid, seqs + near, upto_seq=session.head, branch=replayed
+        )
         assert messages == expected
-        assert [m.seq for m in messages] == sorted(seqs)
+        assert set(seqs) <= {m.seq for m in messages} <= set(seqs) | set(near)
+        assert [m.seq for m in messages] == sorted(m.seq for m in messages)
         assert any("18443" in str(m.message["content"]) for m in messages)
         assert all(m.tokens > 0 for m in messages)
 
@@ -750,3 +762,90 @@ async def test_the_store_counts_its_search_connections(pg_dsn: str) -> None:
         assert opened == main + 1 and 0 <= idle <= opened
     async with Ledger.open("memory://") as memory:
         assert memory.store.connections() is None
+
+
+# -- room for what is asked (RecallConfig.max_share) ----------------------------------
+
+
+async def test_a_question_lets_recall_take_more_room_and_gives_back_what_it_leaves(
+    ledger: Ledger,
+) -> None:
+    """A question about the past may take up to ``max_share`` of the request from the
+    view's oldest part (the recent part stays); what the block leaves unused comes back
+    to the view, so the request is as full as without widening; a statement does not
+    widen; and request_at rebuilds each request."""
+    facts = [
+        f"Heads up: service{i:02d} binds to port {18400 + i} on staging, behind the shared"
+        " load balancer of the east region, as the runbook says."
+        for i in range(12)
+    ]
+    session = await ledger.session("w", config={"token_counter": "chars"})
+    for i, fact in enumerate(facts):
+        await session.add_message({"role": "user", "content": fact})
+        await session.add_message({"role": "assistant", "content": "Noted."})
+        await chatter(session, 3, start=10 * i)
+    budget = 2000
+    asked = "Which ports do " + " ".join(f"service{i:02d}" for i in range(10)) + " bind to?"
+    await session.add_message({"role": "user", "content": asked})
+    wide = await session.get_messages_for_request(token_budget=budget)
+    assert await session.request_at(session.request_seq, token_budget=budget) == wide
+    narrow_config = {"token_counter": "chars", "recall": {"max_share": 0.15}}
+    other = await ledger.session("n", config=narrow_config)
+    async for event in session.events():
+        if event.type == "message.appended":
+            await other.add_message(dict(event.payload.message))  # type: ignore[attr-defined]
+    narrow = await other.get_messages_for_request(token_budget=budget)
+
+    def recalled(request: list[dict[str, Any]]) -> int:
+        return sum(f"port {18400 + i}" in json.dumps(request) for i in range(10))
+
+    assert recalled(wide) == 10 > recalled(narrow)
+    wide_block = len("".join(recall_blocks(wide)))
+    assert wide_block > len("".join(recall_blocks(narrow)))
+    # the latest turns stay in both; the widened request is as full (what it left, back)
+    assert wide[-1]["content"] == asked and narrow[-1]["content"] == asked
+    assert sum(len(str(m["content"])) for m in wide) >= 0.9 * sum(
+        len(str(m["content"])) for m in narrow
+    )
+    # a statement does not widen: the share is the usual one
+    await session.add_message({"role": "assistant", "content": "Let me look."})
+    await session.add_message({"role": "user", "content": "Deploy service00 then."})
+    plain = await session.get_messages_for_request(token_budget=budget)
+    assert len("".join(recall_blocks(plain))) < wide_block
+    assert await session.request_at(session.request_seq, token_budget=budget) == plain
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["fact", "chatter", "question", "statement"]), st.integers(0, 30)
+        ),
+        min_size=3,
+        max_size=14,
+    ),
+    st.integers(400, 3000),
+)
+async def test_request_at_reproduces_every_recall_block_widened_or_not(
+    ledger: Ledger, steps: list[tuple[str, int]], budget: int
+) -> None:
+    session = await ledger.session(f"p{uuid.uuid4().hex[:8]}", config={"token_counter": "chars"})
+    await session.add_message({"role": "system", "content": "You are a careful agent."})
+    sent: list[tuple[int, list[dict[str, Any]]]] = []
+    for kind, n in steps:
+        if kind == "fact":
+            await session.add_message(
+                {"role": "user", "content": f"service{n} binds to {9000 + n}."}
+            )
+        elif kind == "chatter":
+            await chatter(session, 1 + n % 4, start=n)
+        else:
+            text = f"Which port does service{n} use?" if kind == "question" else f"Restart {n}."
+            await session.add_message({"role": "user", "content": text})
+            request = await session.get_messages_for_request(token_budget=budget)
+            sent.append((session.request_seq, request))
+            await session.add_message({"role": "assistant", "content": "On it."})
+    for seq, request in sent:
+        assert await session.request_at(seq, token_budget=budget) == request

@@ -376,6 +376,10 @@ class RecallConfig:
 
     enabled: bool = True
     share: float = 0.15
+    #: The most of a request the block may take when the latest turn asks about the past
+    #: (``core.recall.asks_about_past``): the oldest part of the view makes room, and
+    #: what the block leaves unused goes back to the view.
+    max_share: float = 0.5
     engine: Literal["lexical", "hybrid"] = "lexical"
     text_search_config: str = "english"
     max_matches: int = 40
@@ -387,6 +391,7 @@ class RecallConfig:
         {
             "enabled",
             "share",
+            "max_share",
             "engine",
             "text_search_config",
             "max_matches",
@@ -404,6 +409,12 @@ class RecallConfig:
         share = _float(f"{key}.share", mapping.get("share", d.share))
         if not 0 < share <= 0.5:
             raise ConfigError(f"{key}.share must be in (0, 0.5], got {share}", key=f"{key}.share")
+        max_share = _float(f"{key}.max_share", mapping.get("max_share", max(share, d.max_share)))
+        if not share <= max_share <= 0.8:
+            raise ConfigError(
+                f"{key}.max_share must be in [share, 0.8] (share is {share}), got {max_share}",
+                key=f"{key}.max_share",
+            )
         ts_config = _str(
             f"{key}.text_search_config", mapping.get("text_search_config", d.text_search_config)
         )
@@ -424,6 +435,7 @@ class RecallConfig:
         return cls(
             enabled=_bool(f"{key}.enabled", mapping.get("enabled", d.enabled)),
             share=share,
+            max_share=max_share,
             engine=engine,  # type: ignore[arg-type]
             text_search_config=ts_config,
             max_matches=_req_int(
@@ -443,6 +455,7 @@ class RecallConfig:
         return {
             "enabled": self.enabled,
             "share": self.share,
+            "max_share": self.max_share,
             "engine": self.engine,
             "text_search_config": self.text_search_config,
             "max_matches": self.max_matches,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -32,7 +32,7 @@ from contextledger.core.view import ORD_STRIDE, ViewItem
 
 RECALL_OPEN = (
     "<recall>\nEarlier in this conversation (left out of the context above to save room; "
-    "[#seq] is where each line was said, in order):"
+    "[#seq date] is where and when each line was said, in order):"
 )
 RECALL_CLOSE = "</recall>"
 #: Longest text taken from one message into a query or a recall line (characters).
@@ -104,6 +104,112 @@ def _args(args: Any) -> str:
     return json.dumps(args, sort_keys=True, ensure_ascii=False)
 
 
+#: Words that open a question, and phrases that point back in time: a turn with one asks
+#: about the past, and recall may take more of the request (``RecallConfig.max_share``).
+_QUESTION_OPENERS = frozenset(
+    [
+        "what",
+        "when",
+        "where",
+        "who",
+        "whom",
+        "whose",
+        "which",
+        "why",
+        "how",
+        "did",
+        "do",
+        "does",
+        "was",
+        "were",
+        "is",
+        "are",
+        "have",
+        "has",
+        "had",
+        "can",
+        "could",
+        "would",
+        "will",
+        "should",
+        "remind",
+        "recall",
+        "tell",
+    ]
+)
+_BACK_REFERENCES = (
+    "remember", "earlier", "last time", "before", " ago", "previously", "mentioned",
+    "you said", "i said", "we said", "told you", "told me", "we discussed", "again",
+)  # fmt: skip
+
+
+def asks_about_past(query: str) -> bool:
+    """Whether the latest turn asks something the past may answer: a question (a ``?``, or
+    a question word first) or a reference back ("remember", "earlier", "you said")."""
+    text = query[:MAX_QUERY_CHARS].strip().lower()
+    if not text:
+        return False
+    if "?" in text:
+        return True
+    first = text.split(None, 1)[0].strip(",.:;!\"'")
+    return first in _QUESTION_OPENERS or any(ref in text for ref in _BACK_REFERENCES)
+
+
+def leaves_out(view_tokens: int, request: Sequence[ViewItem]) -> bool:
+    """Whether a request view leaves out part of the view (``view_tokens``, all of it): only
+    then is there anything for a wider recall to bring back (a short session's question
+    keeps its whole view)."""
+    return view_tokens > sum(i.tokens for i in request if i.kind != "ephemeral")
+
+
+def make_room(view: Sequence[ViewItem], tokens: int) -> int:
+    """How many of ``view``'s oldest items (after its leading system messages) to leave
+    out so recall gains at most ``tokens``: plain messages only, never the latest human
+    turn or what follows it, and never a cut that would leave a tool result without its
+    call. Returns the end index of that run (its start is ``room_start(view)``)."""
+    start = room_start(view)
+    last = latest_turn(view)
+    if last is None or tokens <= 0:
+        return start
+    best, used = start, 0
+    for index in range(start, last):
+        item = view[index]
+        if item.kind not in CARRIED_KINDS:
+            break
+        used += item.tokens
+        if used > tokens:
+            break
+        if not result_ids(view[index + 1].message):  # the next item starts a unit
+            best = index + 1
+    return best
+
+
+def room_start(view: Sequence[ViewItem]) -> int:
+    """Index of the first item after ``view``'s leading system messages."""
+    index = 0
+    while index < len(view) and view[index].message.get("role") == "system":
+        index += 1
+    return index
+
+
+def give_back(view: Sequence[ViewItem], start: int, end: int, spare: int, taken: set[int]) -> int:
+    """The left-out run ``view[start:end]`` shortened from its new end: how many of its
+    newest items fit ``spare`` tokens (the block's unused room) and go back into the view,
+    contiguous with what stayed, none the block recalled, no tool result without its call.
+    Returns the new end of the left-out run."""
+    cut, used = end, 0
+    for index in range(end - 1, start - 1, -1):
+        item = view[index]
+        if item.ref[0] in taken:
+            break
+        used += item.tokens
+        if used > spare:
+            break
+        if not result_ids(item.message):  # the run back in starts a unit
+            cut = index
+    return cut
+
+
 def latest_turn(view: Sequence[ViewItem]) -> int | None:
     """Index of the latest human user turn in ``view`` (None if there is none)."""
     for index in range(len(view) - 1, -1, -1):
@@ -173,6 +279,30 @@ def fuse(rankings: Sequence[Sequence[int]], *, k: int = RRF_K) -> list[int]:
     return sorted(scores, key=lambda seq: (-scores[seq], -seq))
 
 
+def with_neighbours(ranked: Sequence[int], found: Collection[int]) -> list[int]:
+    """``ranked`` with the neighbours (seq - 1, seq + 1) of each match that were ``found``,
+    each pair right after the next match: the best match, the second, the best's
+    neighbours, the third, the second's, and so on (a neighbour is worth less than the
+    match it sits by, more than the matches far down the list)."""
+    hits = set(ranked)
+    out: list[int] = []
+    seen: set[int] = set()
+
+    def near(seq: int) -> None:
+        for n in (seq - 1, seq + 1):
+            if n in found and n not in hits and n not in seen:
+                seen.add(n)
+                out.append(n)
+
+    for index, seq in enumerate(ranked):
+        out.append(seq)
+        if index:
+            near(ranked[index - 1])
+    if ranked:
+        near(ranked[-1])
+    return out
+
+
 def recall_budget(budget_tokens: int, share: float) -> int:
     """Tokens reserved for the recall block out of a request budget."""
     return max(0, math.floor(budget_tokens * share))
@@ -203,14 +333,27 @@ def units_of(messages: Sequence[Recalled]) -> list[tuple[Recalled, ...]]:
     return [tuple(u) for u in units]
 
 
-def _line(rec: Recalled) -> str:
+def _line(rec: Recalled, *, dated: bool = True) -> str:
     role = str(rec.message.get("role", ""))
     if result_ids(rec.message) and role in ("tool", "user"):
         role = "tool result"
     text = message_text(rec.message)
     if len(text) > MAX_LINE_CHARS:
         text = text[:MAX_LINE_CHARS] + " [...]"
-    return f"[#{rec.seq} {role}] {text}"
+    when = f" {rec.at:%Y-%m-%d}" if dated and rec.at is not None else ""  # when it was said
+    return f"[#{rec.seq}{when} {role}] {text}"
+
+
+def _lines(recs: Sequence[Recalled]) -> list[str]:
+    """The block's lines in seq order, each dated where its day differs from the line
+    before (the first always): when something was said, without a date on every line."""
+    out: list[str] = []
+    day = None
+    for rec in recs:
+        today = rec.at.date() if rec.at is not None else None
+        out.append(_line(rec, dated=today != day))
+        day = today
+    return out
 
 
 def _render(lines: Sequence[str]) -> dict[str, Any]:
@@ -240,37 +383,55 @@ def pick(
     if budget_tokens <= frame:
         return RecallBlock(None, (), 0, query)
     chosen: dict[int, tuple[Recalled, ...]] = {}
+    costs: dict[int, int] = {}
+    rendered: dict[int, str] = {}
+
+    def line(rec: Recalled) -> str:
+        found = rendered.get(rec.seq)
+        if found is None:
+            found = rendered[rec.seq] = _line(rec)
+        return found
+
     used = frame
     for seq in ranked:
         found = unit_of.get(seq)
         if found is None or found[0].seq in chosen:
             continue
         unit = found
-        lines = [_line(r) for r in unit]
+        lines = [line(r) for r in unit]
         if all(r.tokens for r in unit):  # counted at append: no tokenizer run per unit
-            cost = sum(
-                min(r.tokens, len(line) // 2 + 4) for r, line in zip(unit, lines, strict=True)
-            )
+            cost = sum(_line_cost(r, line) for r, line in zip(unit, lines, strict=True))
         else:
             cost = counter.count_message({"role": "user", "content": "\n".join(lines)})
         if used + cost > budget_tokens:
             continue
         chosen[unit[0].seq] = unit
+        costs[unit[0].seq] = cost
         used += cost
     if not chosen:
         return RecallBlock(None, (), 0, query)
     units = [chosen[k] for k in sorted(chosen)]
-    lines = [_line(rec) for unit in units for rec in unit]
+    lines = _lines([rec for unit in units for rec in unit])
     message = _render(lines)
     tokens = counter.count_message(message)
     while tokens > budget_tokens and len(units) > 1:  # per-line estimates ran over: shed
-        units.pop(max(range(len(units)), key=lambda i: ranked_pos(ranked, units[i])))
-        lines = [_line(rec) for unit in units for rec in unit]
+        excess = tokens - budget_tokens  # the worst-ranked units, as many as cover it
+        while excess > 0 and len(units) > 1:
+            worst = max(range(len(units)), key=lambda i: ranked_pos(ranked, units[i]))
+            excess -= costs[units.pop(worst)[0].seq]
+        lines = _lines([rec for unit in units for rec in unit])
         message = _render(lines)
         tokens = counter.count_message(message)
     if tokens > budget_tokens:
         return RecallBlock(None, (), 0, query)
     return RecallBlock(message, tuple(r.seq for u in units for r in u), tokens, query)
+
+
+def _line_cost(rec: Recalled, line: str) -> int:
+    """A line's tokens, estimated from its message's (counted at append) and the length of
+    what the line adds (seq, date, role: digits cost about a token per two characters)."""
+    head, _, text = line.partition("] ")
+    return min(rec.tokens, len(text) // 2 + 4) + len(head) // 2 + 1
 
 
 def ranked_pos(ranked: Sequence[int], unit: Sequence[Recalled]) -> int:

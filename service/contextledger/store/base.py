@@ -193,12 +193,14 @@ class Store(abc.ABC):
         limit: int,
         text_config: str,
         head: int | None = None,
+        hop: bool = False,
     ) -> list[tuple[int, float]]:
         """``(seq, score)`` of the best lexical matches for ``query``, best first, ties
         by seq (newest first). A store without search recalls nothing. ``head``: the seq
         of the request the search is for, when it is later than ``upto_seq`` (a search
         taken at the request's question); a live search, so the store may know it is
-        unchanged since it last searched."""
+        unchanged since it last searched. ``hop``: a second hop follows the matches
+        (``lexical.hop_lexemes``); what it finds comes after them with negated scores."""
         return []
 
     async def search_messages(
@@ -212,6 +214,7 @@ class Store(abc.ABC):
         limit: int,
         text_config: str,
         head: int | None = None,
+        hop: bool = False,
     ) -> tuple[list[tuple[int, float]], list[Recalled]]:
         """``search`` and the matched messages (``recall_messages`` of its seqs): what a
         request's recall reads, which a store may answer in one round trip."""
@@ -224,11 +227,17 @@ class Store(abc.ABC):
             limit=limit,
             text_config=text_config,
             head=head,
+            hop=hop,
         )
         if not found:
             return found, []
+        from contextledger.store.lexical import neighbours
+
         seqs = [seq for seq, _ in found]
-        return found, await self.recall_messages(session_id, seqs, upto_seq=upto_seq, branch=branch)
+        near = neighbours([seq for seq, score in found if score > 0], upto_seq, exclude)
+        near = [n for n in near if n not in set(seqs)]
+        read = await self.recall_messages(session_id, seqs + near, upto_seq=upto_seq, branch=branch)
+        return found, read
 
     async def vectors_available(self) -> bool:
         """Whether this store keeps embeddings (PostgreSQL with the ``vector`` extension)."""

@@ -28,6 +28,15 @@ B = 0.9
 #: word in every other message weighs what BM25 would give it without being read whole.
 PER_TERM = 64
 MAX_QUERY_LEXEMES = 32
+#: The best matches whose neighbours (the message before and after, when the request left
+#: them out) come with them: a reply that echoes a question's words sits next to the
+#: statement that answers it, and a statement next to the question it answers.
+NEIGHBOURED = 8
+#: A question's second hop (``hop=True``): the words of its ``HOP_FROM`` best matches that
+#: the question did not use (their ``HOP_LEXEMES`` longest) are searched the same way, and
+#: the ``HOP_LIMIT`` best of what they find come too. "Which city did she drive to?" finds
+#: "I drove to see my aunt"; the hop finds "my aunt lives in Perth".
+HOP_FROM, HOP_LEXEMES, HOP_LIMIT = 2, 16, 6
 #: A newer statement of the same thing outranks an older one by up to this share (the
 #: value that changed comes back before, or with, the one it replaced).
 RECENCY = 0.15
@@ -55,6 +64,27 @@ def read_from(upto_seq: int, carried: Collection[int]) -> int:
     while seq > 0 and seq in carried:
         seq -= 1
     return seq
+
+
+def neighbours(ranked: Sequence[int], upto_seq: int, carried: Collection[int]) -> list[int]:
+    """The seqs next to the ``NEIGHBOURED`` best of ``ranked`` that a search brings too:
+    up to ``upto_seq``, neither carried nor matched (whether each is a message of the
+    branch is for the store to check)."""
+    matched = set(ranked)
+    out = {
+        n
+        for seq in ranked[:NEIGHBOURED]
+        for n in (seq - 1, seq + 1)
+        if 1 <= n <= upto_seq and n not in carried and n not in matched
+    }
+    return sorted(out)
+
+
+def hop_lexemes(found: Sequence[Collection[str]], query: Collection[str]) -> list[str]:
+    """The lexemes a second hop searches: those of the best matches (``found``, best
+    first, ``HOP_FROM`` of them) the query did not have, the longest first."""
+    words = {t for lexemes in found[:HOP_FROM] for t in lexemes if t and t not in query}
+    return sorted(words, key=lambda t: (-len(t), t))[:HOP_LEXEMES]
 
 
 def query_lexemes(lexemes: Sequence[str]) -> list[str]:

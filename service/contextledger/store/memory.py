@@ -342,6 +342,7 @@ class MemoryStore(Store):
         limit: int,
         text_config: str,
         head: int | None = None,
+        hop: bool = False,
     ) -> list[tuple[int, float]]:
         """PostgreSQL's search, the same rules (``lexical``): each query lexeme's newest
         ``PER_TERM`` postings below what the request carries, BM25."""
@@ -355,13 +356,24 @@ class MemoryStore(Store):
         def keep(seq: int) -> bool:
             return seq in allowed and seq not in skip
 
-        postings: dict[str, list[tuple[int, int, int]]] = {}
-        for term in lexical.query_lexemes(index.lex(query)):
-            seqs = index.newest(term, top, keep, lexical.PER_TERM)
-            rows = [(q, index.counts[q][term], len(index.counts[q])) for q in seqs]
-            if rows:
-                postings[term] = rows
-        return lexical.rank(postings, top=top, total=upto_seq, limit=limit)
+        def ranked(terms: list[str], n: int) -> list[tuple[int, float]]:
+            postings: dict[str, list[tuple[int, int, int]]] = {}
+            for term in terms:
+                seqs = index.newest(term, top, keep, lexical.PER_TERM)
+                rows = [(q, index.counts[q][term], len(index.counts[q])) for q in seqs]
+                if rows:
+                    postings[term] = rows
+            return lexical.rank(postings, top=top, total=upto_seq, limit=n)
+
+        terms = lexical.query_lexemes(index.lex(query))
+        found = ranked(terms, limit)
+        if not hop or not found:
+            return found
+        # the second hop finds other messages than the matches and their neighbours
+        skip.update(seq for seq, _ in found)
+        skip.update(seq + d for seq, _ in found[: lexical.HOP_FROM] for d in (-1, 1))
+        again = lexical.hop_lexemes([index.counts[seq] for seq, _ in found], set(terms))
+        return found + [(seq, -score) for seq, score in ranked(again, lexical.HOP_LIMIT)]
 
     async def recall_messages(
         self,

@@ -57,7 +57,18 @@ from contextledger.store.base import (
 from contextledger.store.batching import AppendBatcher
 from contextledger.store.dsn import asyncpg_dsn, redact
 from contextledger.store.errors import translate, translated, translated_iter
-from contextledger.store.lexical import B, K1, MAX_QUERY_LEXEMES, PER_TERM, RECENCY, read_from
+from contextledger.store.lexical import (
+    HOP_FROM,
+    HOP_LEXEMES,
+    HOP_LIMIT,
+    K1,
+    MAX_QUERY_LEXEMES,
+    NEIGHBOURED,
+    PER_TERM,
+    RECENCY,
+    B,
+    read_from,
+)
 
 log = structlog.get_logger(__name__)
 S = "contextledger"
@@ -235,7 +246,8 @@ POSTINGS = """
 _CATCH_UP = f"""
 WITH indexed AS MATERIALIZED (
     SELECT coalesce((SELECT x.seq FROM {S}.event_terms x
-                      WHERE x.session_id = $1 AND x.lexeme = '' AND x.tenant_id = {S}.current_tenant()
+                      WHERE x.session_id = $1 AND x.lexeme = ''
+                        AND x.tenant_id = {S}.current_tenant()
                       ORDER BY x.seq DESC LIMIT 1), 0) AS upto
 ), fresh_vectors AS MATERIALIZED (
     SELECT e.session_id, e.seq, e.tenant_id, {SEARCH_VECTOR} AS v FROM {S}.events e
@@ -290,10 +302,49 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
           FROM post GROUP BY l) d
 ), top AS MATERIALIZED (
     SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}
-                      / (p.tf + {K1} * (1 - {B} + {B} * p.dl / greatest(1.0, (SELECT avg(dl) FROM post)))))
+                      / (p.tf + {K1} * (1 - {B} + {B} * p.dl
+                                        / greatest(1.0, (SELECT avg(dl) FROM post)))))
                * (1 + {RECENCY} * p.seq / greatest(1, $T::bigint)::float8) AS rank
       FROM post p JOIN w USING (l)
      GROUP BY p.seq ORDER BY rank DESC, p.seq DESC LIMIT $7
+), hop_lq AS MATERIALIZED (  -- a second hop (``lexical.HOP_*``), when $H
+    SELECT DISTINCT l FROM (
+        SELECT seq FROM top WHERE $H::boolean ORDER BY rank DESC, seq DESC LIMIT {HOP_FROM}) h
+      CROSS JOIN LATERAL (
+        SELECT unnest(tsvector_to_array({{hop_vector}})) AS l FROM {S}.events e
+         WHERE e.session_id = $1 AND e.seq = h.seq AND e.tenant_id = {S}.current_tenant()
+        OFFSET 0) v
+     WHERE l NOT IN (SELECT l FROM lq)
+     ORDER BY l
+), hop_near AS MATERIALIZED (  -- the hop's sources' neighbours come as neighbours
+    SELECT h.seq + d AS seq FROM (
+        SELECT seq FROM top WHERE $H::boolean ORDER BY rank DESC, seq DESC LIMIT {HOP_FROM}) h
+      CROSS JOIN (VALUES (-1), (1)) n(d)
+), hop_post AS MATERIALIZED (
+    SELECT lq.l, p.seq, p.tf, p.dl
+      FROM (SELECT l FROM hop_lq ORDER BY length(l) DESC, l LIMIT {HOP_LEXEMES}) lq
+     CROSS JOIN LATERAL (
+        SELECT y.seq, y.tf, y.dl FROM ({{hop_postings}}) y ORDER BY y.seq DESC LIMIT {PER_TERM}
+    ) p
+), hop_w AS MATERIALIZED (
+    SELECT l, ln(1 + (greatest($3, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf FROM (
+        SELECT l, CASE WHEN count(*) < {PER_TERM} THEN count(*)::float8
+                       ELSE least($3::float8, count(*) * $3::float8
+                                  / greatest(1, $T::bigint - min(seq) + 1)) END AS df
+          FROM hop_post GROUP BY l) d
+), hop_top AS MATERIALIZED (
+    SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}
+                      / (p.tf + {K1} * (1 - {B} + {B} * p.dl
+                                        / greatest(1.0, (SELECT avg(dl) FROM hop_post)))))
+               * (1 + {RECENCY} * p.seq / greatest(1, $T::bigint)::float8) AS rank
+      FROM hop_post p JOIN hop_w w USING (l)
+     GROUP BY p.seq ORDER BY rank DESC, p.seq DESC LIMIT {HOP_LIMIT}
+), near AS MATERIALIZED (  -- the neighbours of the best matches (``NEIGHBOURED``)
+    SELECT DISTINCT n.seq FROM (
+        SELECT seq FROM top WHERE rank > 0 ORDER BY rank DESC, seq DESC LIMIT {NEIGHBOURED}) h
+      CROSS JOIN LATERAL (VALUES (h.seq - 1), (h.seq + 1)) n(seq)
+     WHERE n.seq BETWEEN 1 AND $3 AND NOT (SELECT $4::text::int8multirange) @> n.seq
+       AND n.seq NOT IN (SELECT seq FROM top) AND n.seq NOT IN (SELECT seq FROM hop_top)
 )
 (SELECT top.seq, top.rank, e.message, e.tokens, e.created_at
    FROM top CROSS JOIN LATERAL (
@@ -303,6 +354,23 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
    ) e
   WHERE top.rank > 0
   ORDER BY top.rank DESC, top.seq DESC)
+UNION ALL
+(SELECT hop_top.seq, -hop_top.rank, e.message, e.tokens, e.created_at
+   FROM hop_top CROSS JOIN LATERAL (
+        SELECT (x.data -> 'message')::text AS message, x.tokens, x.created_at FROM {S}.events x
+         WHERE x.session_id = $1 AND x.seq = hop_top.seq AND x.tenant_id = {S}.current_tenant()
+        OFFSET 0
+   ) e
+  WHERE hop_top.rank > 0
+  ORDER BY hop_top.rank DESC, hop_top.seq DESC)
+UNION ALL
+SELECT near.seq, 0::float8, e.message, e.tokens, e.created_at
+  FROM near CROSS JOIN LATERAL (
+        SELECT (x.data -> 'message')::text AS message, x.tokens, x.created_at FROM {S}.events x
+         WHERE x.session_id = $1 AND x.seq = near.seq AND x.tenant_id = {S}.current_tenant()
+           AND x.type = 'message.appended' AND {{branch}}
+        OFFSET 0
+   ) e
 UNION ALL SELECT {CLOSED}::bigint, 0::float8, NULL, NULL, NULL FROM gate WHERE NOT gate.open"""
 _UNINDEXED = "jsonb_to_tsvector($6::regconfig, e.data -> 'message', '[\"string\", \"numeric\"]')"
 #: A lexeme's postings up to $T: stored (``event_terms``, by its key) and fresh; or, for
@@ -403,7 +471,19 @@ def search_sql(*, indexed: bool, given_branch: bool, store: bool = True) -> str:
     else:
         head, postings = _COMPUTED, _COMPUTED_POSTINGS
     postings = postings.replace("{branch}", branch)
-    return _SEARCH.format(head=head, on_branch=on_branch, postings=postings)
+    hop_postings = postings.replace(
+        "AND NOT (SELECT $4",
+        "AND x.seq NOT IN (SELECT seq FROM top) AND x.seq NOT IN (SELECT seq FROM hop_near)"
+        " AND NOT (SELECT $4",
+    )
+    return _SEARCH.format(
+        head=head,
+        on_branch=on_branch,
+        postings=postings,
+        hop_postings=hop_postings,
+        hop_vector=SEARCH_VECTOR if indexed else _UNINDEXED,
+        branch=branch,
+    )
 
 
 def search_statement(
@@ -416,20 +496,22 @@ def search_statement(
     gaps: list[int] | None,
     *,
     store: bool = True,
+    hop: bool = False,
 ) -> tuple[str, list[Any]]:
     """The search's SQL and its arguments (the session id, ``$1``, left for the caller):
-    live (``branch`` None) or a replay's."""
+    live (``branch`` None) or a replay's, with a second hop or not."""
     args: list[Any] = [None, query, upto_seq, seq_ranges(exclude)]
     args += [seq_ranges(branch) if branch is not None else None, text_config, limit]
     if branch is None:  # $5 unused: keep the parameter list dense
         del args[4]
-    args += [read_from(upto_seq, exclude), gaps]
+    args += [read_from(upto_seq, exclude), gaps, hop]
     text = search_sql(
         indexed=text_config == INDEX_TEXT_CONFIG, given_branch=branch is not None, store=store
     )
     if branch is None:
         text = text.replace("$6", "$5").replace("$7", "$6")
-    return text.replace("$T", f"${len(args) - 1}").replace("$G", f"${len(args)}"), args
+    n = len(args)
+    return text.replace("$T", f"${n - 2}").replace("$G", f"${n - 1}").replace("$H", f"${n}"), args
 
 
 #: Embeddings for hybrid recall (created on first use where ``vector`` exists; not a
@@ -1323,13 +1405,14 @@ class PostgresStore(Store):
         limit: int,
         text_config: str,
         head: int | None = None,
+        hop: bool = False,
     ) -> list[tuple[int, float]]:
         # The statement of ``search_messages`` (what requests use): the messages it reads
         # by key for the top matches are dropped here.
         rows = await self._search(
-            session_id, query, exclude, upto_seq, branch, limit, text_config, head
+            session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
         )
-        return [(r[0], float(r[1])) for r in rows]
+        return [(r[0], float(r[1])) for r in rows if r[1] != 0]  # not the neighbours
 
     @translated
     async def search_messages(
@@ -1343,11 +1426,12 @@ class PostgresStore(Store):
         limit: int,
         text_config: str,
         head: int | None = None,
+        hop: bool = False,
     ) -> tuple[list[tuple[int, float]], list[Recalled]]:
         rows = await self._search(
-            session_id, query, exclude, upto_seq, branch, limit, text_config, head
+            session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
         )
-        found = [(r[0], float(r[1])) for r in rows]
+        found = [(r[0], float(r[1])) for r in rows if r[1] != 0]  # the rest: neighbours
         recalled = [Recalled(r[0], json.loads(r[2]), r[3], r[4]) for r in rows]
         return found, sorted(recalled, key=attrgetter("seq"))
 
@@ -1361,8 +1445,10 @@ class PostgresStore(Store):
         limit: int,
         text_config: str,
         head: int | None,
+        hop: bool = False,
     ) -> list[asyncpg.Record]:
-        """The search's rows, best first: (seq, rank, message JSON, tokens, created_at)."""
+        """The search's rows, best first: (seq, rank, message JSON, tokens, created_at);
+        a second hop's after them with negated ranks, then neighbours with rank 0."""
         gaps = gate_gaps(upto_seq, exclude)
         closed = self._closed.get(session_id) if branch is None else None
         start = self._heads.get(session_id)
@@ -1387,14 +1473,16 @@ class PostgresStore(Store):
             # of a later head elsewhere (a view reloaded after another process's rollback)
             # searches.
             return []
-        text, args = search_statement(query, exclude, upto_seq, branch, limit, text_config, gaps)
+        text, args = search_statement(
+            query, exclude, upto_seq, branch, limit, text_config, gaps, hop=hop
+        )
         args[0] = session_id
 
         def sql(store: bool) -> str:  # a standby's statement stores nothing
             if store:
                 return text
             return search_statement(
-                query, exclude, upto_seq, branch, limit, text_config, gaps, store=False
+                query, exclude, upto_seq, branch, limit, text_config, gaps, store=False, hop=hop
             )[0]
 
         async def attempt() -> list[asyncpg.Record]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -13,13 +14,19 @@ from contextledger.core.recall import (
     RECALL_OPEN,
     RecallBlock,
     Recalled,
+    asks_about_past,
+    give_back,
+    leaves_out,
+    make_room,
     message_text,
     pick,
     place,
     query_anchor,
     query_end,
     query_text,
+    room_start,
     units_of,
+    with_neighbours,
 )
 from contextledger.core.units import result_ids, tool_calls
 from contextledger.core.view import ViewItem
@@ -248,3 +255,91 @@ def test_embedding_key_is_redacted() -> None:
     )
     assert cfg.to_dict()["recall"]["embedding_api_key"] == "***"
     assert cfg.recall.embedding_api_key == "sk-1"
+
+
+# -- room for what is asked, neighbours, dates ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("turn", "asks"),
+    [
+        ("What port does the gateway use?", True),
+        ("when did we freeze the schema", True),
+        ("Remind me of the owner", True),
+        ("Do you remember the vendor we picked", True),
+        ("As I said earlier, deploy on friday.", True),
+        ("Deploy it now.", False),
+        ("Please tidy the caching module", False),
+        ("", False),
+    ],
+)
+def test_a_turn_asks_about_the_past_when_it_is_a_question_or_points_back(
+    turn: str, asks: bool
+) -> None:
+    assert asks_about_past(turn) is asks
+
+
+def test_room_is_made_from_the_oldest_messages_never_the_latest_turn_or_a_split_unit() -> None:
+    view = items(
+        [
+            {"role": "system", "content": "sys"},
+            user("a" * 40),
+            openai_call([("c1", "grep")]),
+            openai_result("c1", "b" * 40),
+            assistant("c" * 40),
+            user("what now?"),
+        ]
+    )
+    assert room_start(view) == 1
+    tokens = [i.tokens for i in view]
+    # room for the first user turn only
+    assert make_room(view, tokens[1]) == 2
+    # the call fits but its result does not: the cut never leaves the result alone
+    assert make_room(view, tokens[1] + tokens[2]) == 2
+    assert make_room(view, sum(tokens[1:4])) == 4
+    # never the latest human turn, whatever the room
+    assert make_room(view, 10**6) == 5
+    assert make_room(view, 0) == 1
+
+
+def test_what_the_block_leaves_unused_goes_back_newest_first() -> None:
+    view = items([user("a" * 40), user("b" * 40), openai_call([("c1", "g")]),
+                  openai_result("c1", "x" * 40), user("q?")])  # fmt: skip
+    tokens = [i.tokens for i in view]
+    # room for the last two (a call and its result) comes back whole, or not at all
+    assert give_back(view, 0, 4, tokens[2] + tokens[3], set()) == 2
+    assert give_back(view, 0, 4, tokens[3], set()) == 4  # only the result fits: nothing
+    assert give_back(view, 0, 4, 10**6, set()) == 0
+    # a message the block recalled does not come back (no line said twice)
+    assert give_back(view, 0, 4, 10**6, {view[1].seq}) == 2
+
+
+def test_only_a_request_that_leaves_something_out_widens() -> None:
+    view = items([user("a" * 40), user("q?")])
+    whole = sum(i.tokens for i in view)
+    assert not leaves_out(whole, view)
+    assert leaves_out(whole + 1, view)
+
+
+def test_neighbours_follow_the_next_match() -> None:
+    assert with_neighbours([10, 20, 30], {9, 11, 19, 31, 40}) == [10, 20, 9, 11, 30, 19, 31]
+    assert with_neighbours([10, 11], {9, 10, 11, 12}) == [10, 11, 9, 12]
+    assert with_neighbours([], {1}) == []
+
+
+def test_lines_are_dated_where_the_day_changes() -> None:
+    day1 = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
+    day2 = datetime(2023, 5, 25, 9, 0, tzinfo=UTC)
+    recs = [
+        Recalled(3, user("I went to Lisbon"), 6, day1),
+        Recalled(4, assistant("Lovely"), 4, day1),
+        Recalled(40, user("Back home"), 4, day2),
+    ]
+    block = pick([3, 4, 40], recs, budget_tokens=400, counter=COUNTER)
+    assert block.message is not None
+    lines = str(block.message["content"]).splitlines()[2:-1]  # after the frame's two lines
+    assert lines == [
+        "[#3 2023-05-08 user] I went to Lisbon",
+        "[#4 assistant] Lovely",
+        "[#40 2023-05-25 user] Back home",
+    ]
