@@ -356,12 +356,12 @@ class MemoryStore(Store):
         def keep(seq: int) -> bool:
             return seq in allowed and seq not in skip
 
-        def ranked(terms: list[str], n: int) -> list[tuple[int, float]]:
+        def ranked(terms: list[str], n: int, *, specific: bool = False) -> list[tuple[int, float]]:
             postings: dict[str, list[tuple[int, int, int]]] = {}
             for term in terms:
                 seqs = index.newest(term, top, keep, lexical.PER_TERM)
                 rows = [(q, index.counts[q][term], len(index.counts[q])) for q in seqs]
-                if rows:
+                if rows and not (specific and len(rows) >= lexical.PER_TERM):
                     postings[term] = rows
             return lexical.rank(postings, top=top, total=upto_seq, limit=n)
 
@@ -373,7 +373,8 @@ class MemoryStore(Store):
         skip.update(seq for seq, _ in found)
         skip.update(seq + d for seq, _ in found[: lexical.HOP_FROM] for d in (-1, 1))
         again = lexical.hop_lexemes([index.counts[seq] for seq, _ in found], set(terms))
-        return found + [(seq, -score) for seq, score in ranked(again, lexical.HOP_LIMIT)]
+        hopped = ranked(again, lexical.HOP_LIMIT, specific=True)
+        return found + [(seq, -score) for seq, score in hopped]
 
     async def recall_messages(
         self,

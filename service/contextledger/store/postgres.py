@@ -180,11 +180,12 @@ ORDER BY 1"""
 #: The text search configuration recall's stored vectors are built with (``event_search``).
 INDEX_TEXT_CONFIG = "english"
 #: An event's search vector, as 0003 defined it (a message over 16 KiB is indexed by the
-#: first 16 KiB of its text: the parser costs ~0.2-0.6 µs a byte).
+#: first 16 KiB of its text: the parser costs ~0.2-0.6 µs a byte), less the role (since
+#: 0010: "user" and "assistant" were lexemes of every message).
 SEARCH_VECTOR = (
     "CASE WHEN octet_length(e.data::text) <= 16384"
     " THEN jsonb_to_tsvector('english'::regconfig,"
-    " coalesce(e.data -> 'message', e.data -> 'messages', '{}'::jsonb),"
+    " coalesce((e.data -> 'message') - 'role', e.data -> 'messages', '{}'::jsonb),"
     ' \'["string", "numeric"]\')'
     " ELSE to_tsvector('english'::regconfig, left(coalesce(e.data -> 'message' ->> 'content',"
     " (e.data -> 'messages')::text, ''), 16384)) END"
@@ -328,10 +329,8 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
     ) p
 ), hop_w AS MATERIALIZED (
     SELECT l, ln(1 + (greatest($3, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf FROM (
-        SELECT l, CASE WHEN count(*) < {PER_TERM} THEN count(*)::float8
-                       ELSE least($3::float8, count(*) * $3::float8
-                                  / greatest(1, $T::bigint - min(seq) + 1)) END AS df
-          FROM hop_post GROUP BY l) d
+        SELECT l, count(*)::float8 AS df
+          FROM hop_post GROUP BY l HAVING count(*) < {PER_TERM}) d
 ), hop_top AS MATERIALIZED (
     SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}
                       / (p.tf + {K1} * (1 - {B} + {B} * p.dl
