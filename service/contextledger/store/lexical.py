@@ -35,8 +35,8 @@ NEIGHBOURED = 8
 #: A question's second hop (``hop=True``): the words of its ``HOP_FROM`` best matches that
 #: the question did not use (their ``HOP_LEXEMES`` longest) are searched the same way, and
 #: the ``HOP_LIMIT`` best of what they find come too; only specific words are followed
-#: (fewer than ``PER_TERM`` postings: read whole, never estimated). "Which city did she drive to?" finds
-#: "I drove to see my aunt"; the hop finds "my aunt lives in Perth".
+#: (fewer than ``PER_TERM`` postings: read whole, never estimated). "Which city did she
+#: drive to?" finds "I drove to see my aunt"; the hop finds "my aunt lives in Perth".
 HOP_FROM, HOP_LEXEMES, HOP_LIMIT = 2, 16, 6
 #: A newer statement of the same thing outranks an older one by up to this share (the
 #: value that changed comes back before, or with, the one it replaced).
