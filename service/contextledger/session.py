@@ -251,11 +251,16 @@ class Session:
         await self.hooks.emit(hk.INCLUDE, {"source": source, "content": content, "seq": seq})
         return seq
 
-    async def set_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
-        """Replace the branch and the view with ``messages`` (session restore)."""
+    async def set_messages(
+        self, messages: Sequence[Mapping[str, Any]], *, expected_seq: int | None = None
+    ) -> int:
+        """Replace the branch and the view with ``messages`` (session restore).
+
+        ``expected_seq``: the head the caller read; if another writer moved it,
+        ``ConcurrencyError`` and nothing is written (as for ``add_message``)."""
         payload = replacement(messages, self.counter, self._config.max_message_bytes)
         self._ephemeral.clear()
-        return await self._append([payload])
+        return await self._append([payload], expected_seq=expected_seq)
 
     async def clear(self) -> int:
         self._ephemeral.clear()
@@ -274,14 +279,16 @@ class Session:
     async def checkpoints(self) -> list[Checkpoint]:
         return await self._store.checkpoints(self.session_id)
 
-    async def rollback(self, to: Checkpoint | str | int) -> int:
+    async def rollback(self, to: Checkpoint | str | int, *, expected_seq: int | None = None) -> int:
         """Make the view exactly what it was right after a checkpoint (or any seq).
 
         Events after it stay in the ledger; a rollback can itself be rolled back.
+        ``expected_seq``: the head the caller decided the rollback at; if another writer
+        moved it, ``ConcurrencyError`` and nothing is written (pop-like callers retry).
         """
         event = await rollback_event(to, self.checkpoints, self.session_id)
         self._ephemeral.clear()
-        seq = await self._append([event])
+        seq = await self._append([event], expected_seq=expected_seq)
         await self.refresh()  # the model and settings in force at the target come back too
         self._config = self._ledger._config_from(self._info.config)
         self.counter = await self._ledger.warm_counter(self._info.model, self._config)

@@ -116,10 +116,16 @@ def _split_state(state: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
 
 
 def _jsonable(value: dict[str, Any]) -> dict[str, Any]:
-    """State as JSON data (datetimes, models...), as ADK's database store keeps it."""
-    from pydantic_core import to_jsonable_python
+    """State as JSON data, as ADK's database services keep it: datetimes, models... as
+    pydantic writes them, and only when that fails, each value JSON cannot hold (a
+    callable) as its string form (ADK's ``make_json_safe_state``)."""
+    from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-    out: dict[str, Any] = to_jsonable_python(value)
+    out: dict[str, Any]
+    try:
+        out = to_jsonable_python(value)
+    except (PydanticSerializationError, TypeError, ValueError):
+        out = to_jsonable_python(value, serialize_unknown=True)
     return out
 
 
@@ -507,6 +513,15 @@ class LedgerSessionService(BaseSessionService):
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         return await self._scoped_state(_user_state_id(app_name, user_id))
 
+    async def _raise_if_gone(self, lid: str, session_id: str) -> None:
+        """ADK's contract: appending to a session deleted (or never created) since it was
+        read is ``SessionNotFoundError``, not a stale write."""
+        ref = await self._handle(lid)
+        tail = await self._tail(*ref) if ref is not None else None
+        if tail is None or not tail.exists or tail.deleted:
+            self._states.pop(lid, None)
+            raise SessionNotFoundError(f"Session {session_id} not found.")
+
     async def append_event(self, session: AdkSession, event: Event) -> Event:
         if event.partial:
             return event
@@ -538,6 +553,7 @@ class LedgerSessionService(BaseSessionService):
         else:
             at = await self._tail(handle, expected) if expected <= head else None
             if at is None or not at.exists or at.deleted or at.state_at is None:
+                await self._raise_if_gone(lid, session.id)
                 raise StaleSessionError(_STALE)
             state_seq, state = at.state_at, at.state or {}
         message = event_message(event)
@@ -549,6 +565,7 @@ class LedgerSessionService(BaseSessionService):
         try:
             seq = await handle.add_message(message, expected_seq=expected)
         except ConcurrencyError as exc:
+            await self._raise_if_gone(lid, session.id)
             raise StaleSessionError(_STALE) from exc
         assert seq is not None
         if deltas["session"]:

@@ -16,9 +16,9 @@
   and fit the prompt, and the ledger brings its own checkpoints and rollback.
 
 The sync methods run on a loop thread of their own with their own connection pool
-(from ``dsn=``, or the ``dsn`` of the ``ledger=`` given), so they work from plain sync
-code; called from inside a running event loop they refuse (use the ``a*`` methods)
-rather than block the loop or deadlock.
+(from ``dsn=``, or the ``dsn`` of the ``ledger=`` given; a ``memory://`` ledger is
+shared), so they work from plain sync code and from inside a running event loop (which
+waits for them, as for any sync call: prefer the ``a*`` methods there), on every store.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ import asyncio
 import json
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from contextledger import InvalidArgument, InvalidMessage, Ledger, Session
+from contextledger.adapters._loops import LoopThread
 from contextledger.extras import missing_extra
 
 try:
@@ -163,40 +164,11 @@ def _checked(messages: Any) -> list[dict[str, Any]]:
 # -- the sync bridge -------------------------------------------------------------------
 
 
-class _LoopThread:
-    """An event loop on a daemon thread: where the sync methods run their coroutines."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="contextledger-langchain", daemon=True
-        )
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-        self.loop.close()
-
-
-def _no_running_loop(what: str) -> None:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    raise InvalidArgument(
-        f"{what} is the sync API and an event loop is running in this thread: calling it "
-        "would block the loop; await the async one (aget_messages / aadd_messages / aclear)",
-        code="SYNC_CALL_IN_EVENT_LOOP",
-    )
-
-
 class _Ledgers:
-    """The ledger for the caller's loop (given or opened from ``dsn``) and one of its own
-    for the sync bridge; closes only what it opened."""
+    """The ledger for the caller's loop (given or opened from ``dsn``) and the sync
+    bridge: a loop thread of its own where the sync methods run, with a pool of its own
+    on a PostgreSQL dsn (a ``memory://`` ledger is one in-process store, shared by both);
+    closes only what it opened."""
 
     def __init__(self, ledger: Ledger | None, dsn: str | None) -> None:
         if (ledger is None) == (dsn is None):
@@ -204,15 +176,19 @@ class _Ledgers:
         self.given = ledger
         self.dsn = dsn
         self.opened: Ledger | None = None
-        self.bridge: _LoopThread | None = None
+        self.bridge: LoopThread | None = None
         self.bridge_ledger: Ledger | None = None
         self._lock = threading.Lock()
 
+    def _memory(self) -> bool:
+        dsn = self.dsn or (self.given.dsn if self.given is not None else None)
+        return not dsn or dsn.startswith("memory:")
+
     async def for_loop(self) -> Ledger:
         loop = asyncio.get_running_loop()
-        if self.bridge is not None and loop is self.bridge.loop:
+        if self.bridge is not None and loop is self.bridge.loop and not self._memory():
             if self.bridge_ledger is None:
-                self.bridge_ledger = await Ledger.open(self._sync_dsn())
+                self.bridge_ledger = await Ledger.open(self.dsn or self.given.dsn)  # type: ignore[union-attr]
             return self.bridge_ledger
         if self.given is not None:
             return self.given
@@ -220,27 +196,18 @@ class _Ledgers:
             self.opened = await Ledger.open(self.dsn)
         return self.opened
 
-    def _sync_dsn(self) -> str:
-        dsn = self.dsn or (self.given.dsn if self.given is not None else None)
-        if not dsn or dsn.startswith("memory:"):
-            raise InvalidArgument(
-                "the sync methods open their own pool and need a PostgreSQL dsn "
-                "(pass dsn=, or a ledger opened on one); a memory:// ledger lives in one "
-                "event loop: use the async methods",
-                field="dsn",
-            )
-        return dsn
-
     def run(self, coro_fn: Callable[[], Awaitable[T]]) -> T:
-        self._sync_dsn()
+        """Run on the bridge and wait: from plain sync code or from inside a running loop
+        (which waits, as any sync call does)."""
         with self._lock:
-            if self.bridge is None:
-                self.bridge = _LoopThread()
+            if self.bridge is None or not self.bridge.alive:
+                self.bridge = LoopThread("contextledger-langchain")
+            bridge = self.bridge
 
         async def call() -> T:
             return await coro_fn()
 
-        return self.bridge.run(call())
+        return bridge.run_sync(call())
 
     async def aclose(self) -> None:
         if self.opened is not None:
@@ -249,12 +216,13 @@ class _Ledgers:
         self.close_bridge()
 
     def close_bridge(self) -> None:
-        if self.bridge is not None:
-            if self.bridge_ledger is not None:
-                self.bridge.run(self.bridge_ledger.close())
-                self.bridge_ledger = None
-            self.bridge.stop()
-            self.bridge = None
+        with self._lock:
+            bridge, self.bridge = self.bridge, None
+            ledger, self.bridge_ledger = self.bridge_ledger, None
+        if bridge is not None:
+            if ledger is not None:
+                bridge.run_sync(ledger.close())
+            bridge.stop()
 
 
 # -- chat history ------------------------------------------------------------------------
@@ -329,11 +297,9 @@ class LedgerChatMessageHistory(BaseChatMessageHistory):
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
-        _no_running_loop("messages")
         return self._ledgers.run(self.aget_messages)
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
-        _no_running_loop("add_messages")
         rows = _checked(messages)
         self._ledgers.run(lambda: self._add_rows(rows))
 
@@ -346,12 +312,10 @@ class LedgerChatMessageHistory(BaseChatMessageHistory):
             raise InvalidLangChainMessage(str(exc.args[0]), **exc.details) from exc
 
     def clear(self) -> None:
-        _no_running_loop("clear")
         self._ledgers.run(self.aclear)
 
     def close(self) -> None:
         """Sync ``aclose`` for the sync bridge (its thread and pool)."""
-        _no_running_loop("close")
         if self._owns_ledgers:
             self._ledgers.close_bridge()
 
@@ -411,7 +375,6 @@ class LedgerAgentMemory:
 
     def close(self) -> None:
         """Stop the sync bridge (after sync ``invoke`` runs)."""
-        _no_running_loop("close")
         self._ledgers.close_bridge()
 
     @staticmethod
@@ -469,9 +432,7 @@ class LedgerAgentMemory:
         return {}
 
     def _pre_sync(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
-        _no_running_loop("the pre_model_hook (sync)")
         return self._ledgers.run(lambda: self._pre(state, config))
 
     def _post_sync(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
-        _no_running_loop("the post_model_hook (sync)")
         return self._ledgers.run(lambda: self._post(state, config))

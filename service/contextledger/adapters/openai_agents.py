@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any, cast
+import threading
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from contextledger import Ledger, Session
+from contextledger.adapters._loops import LoopThread
 from contextledger.errors import (
+    ConcurrencyError,
     ConfigError,
     InvalidArgument,
     InvalidMessage,
@@ -40,7 +43,7 @@ try:
     from agents.exceptions import UserError
     from agents.items import TResponseInputItem
     from agents.memory.session import SessionABC
-    from agents.memory.session_settings import SessionSettings
+    from agents.memory.session_settings import SessionSettings, coerce_session_settings
 except ImportError as exc:  # tests/unit/test_adapters_optional.py blocks the import
     raise missing_extra("openai-agents", "agents") from exc
 
@@ -50,6 +53,10 @@ __all__ = ["ITEMS_KEY", "LedgerSession"]
 ITEMS_KEY = "responses_items"
 _CHAT_ROLES = frozenset({"user", "assistant", "system", "developer"})
 _BAD_INPUT = (InvalidMessage, InvalidArgument, ConfigError)
+#: attempts at a pop before a ConcurrencyError is raised (each lost race is a pop won by
+#: another writer, so the next attempt reads a shorter view)
+_POP_RETRIES = 16
+T = TypeVar("T")
 
 
 def _json(value: Any) -> str:
@@ -263,14 +270,43 @@ def _from_message(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+class _Closed:
+    """What ``close()`` returns: it has already closed, and awaiting it is a no-op, so
+    both ``session.close()`` (as the SDK's stores are closed) and ``await
+    session.close()`` work."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield from ()
+
+
+class _Place:
+    """Where a ledger lives: its loop (or the loop thread that runs it), the ledger, the
+    session handle on it, and a lock for opening them (used on that loop only)."""
+
+    def __init__(self, thread: LoopThread | None, ledger: Ledger | None) -> None:
+        self.thread = thread
+        self.ledger = ledger
+        self.session: Session | None = None
+        self.lock = asyncio.Lock()  # binds to the loop it is first contended on: this one
+
+
 class LedgerSession(SessionABC):
     """An Agents SDK session whose items live in a contextledger ledger.
 
     ``LedgerSession("user-42", ledger=ledger)`` (an open ``Ledger``) or
     ``LedgerSession("user-42", dsn="postgresql://…")`` (opened on first use; ``close()``
-    closes it). ``token_budget``: ``get_items()`` returns the view fitted to that many
-    tokens (compacted per the session's config, call/output pairs kept whole) instead of
-    the whole history. ``model`` and ``config`` go to ``ledger.session``.
+    closes it, called plainly or awaited). ``token_budget``: ``get_items()`` returns the
+    view fitted to that many tokens (compacted per the session's config, call/output pairs
+    kept whole) instead of the whole history. ``model`` and ``config`` go to
+    ``ledger.session``. ``session_settings``: a ``SessionSettings`` or a dict, coerced and
+    checked as the SDK's own stores do (an unknown field is a ``TypeError``).
+
+    Any thread, any event loop, sync or async (``Runner.run_sync`` in a fresh thread
+    included): with ``dsn=`` the ledger lives on a loop thread of this session's own and
+    every call runs there; with ``ledger=`` calls run on the loop that first used this
+    session (the ledger's), and calls from other loops run on a loop thread of this
+    session's own, with a pool of its own on the ledger's PostgreSQL dsn (a ``memory://``
+    ledger has no dsn: they run on its loop, which must not be blocked waiting on them).
 
     Errors: bad input (``InvalidMessage``, ``InvalidArgument``, ``ConfigError``) is raised
     as the SDK's ``UserError`` (the typed error is its ``__cause__``; nothing is written);
@@ -289,7 +325,7 @@ class LedgerSession(SessionABC):
         token_budget: int | None = None,
         model: str | None = None,
         config: Mapping[str, Any] | None = None,
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> None:
         if (ledger is None) == (dsn is None):
             raise UserError("LedgerSession takes exactly one of ledger= or dsn=")
@@ -298,44 +334,109 @@ class LedgerSession(SessionABC):
         ):
             raise UserError("token_budget must be a positive int")
         self.session_id = session_id
-        self.session_settings = session_settings or SessionSettings()
+        self.session_settings = (
+            coerce_session_settings(session_settings)
+            if session_settings is not None
+            else SessionSettings()
+        )
         self.token_budget = token_budget
         self._ledger = ledger
         self._dsn = dsn
-        self._owns_ledger = ledger is None
         self._model = model
         self._config = dict(config) if config is not None else None
-        self._session: Session | None = None
-        self._lock = asyncio.Lock()
+        #: the ledger's own loop (``ledger=``) and the place there
+        self._home_loop: asyncio.AbstractEventLoop | None = None
+        self._home: _Place | None = None
+        #: the loop thread of this session's own (``dsn=``, or foreign loops on ``ledger=``)
+        self._own: _Place | None = None
+        self._guard = threading.Lock()
 
-    async def session(self) -> Session:
-        """The underlying contextledger ``Session`` (checkpoints, verify, usage…)."""
-        if self._session is None:
-            async with self._lock:
-                if self._session is None:
+    # -- where the work runs ------------------------------------------------------------
+
+    def _own_place(self) -> _Place:
+        with self._guard:
+            if self._own is None or self._own.thread is None or not self._own.thread.alive:
+                self._own = _Place(LoopThread(f"contextledger-agents-{self.session_id}"), None)
+            return self._own
+
+    def _foreign_dsn(self) -> str | None:
+        """The dsn a pool of our own opens for calls from a loop that is not the ledger's."""
+        if self._dsn is not None:
+            return self._dsn
+        dsn = self._ledger.dsn if self._ledger is not None else None
+        return dsn if dsn and not dsn.startswith("memory:") else None
+
+    async def _open(self, place: _Place) -> Session:
+        """The session handle at ``place`` (opening its ledger first when it has none)."""
+        if place.session is None:
+            async with place.lock:
+                if place.session is None:
                     try:
-                        if self._ledger is None:
-                            self._ledger = await Ledger.open(self._dsn)
-                        self._session = await self._ledger.session(
+                        if place.ledger is None:
+                            place.ledger = await Ledger.open(self._foreign_dsn())
+                        place.session = await place.ledger.session(
                             self.session_id, model=self._model, config=self._config
                         )
                     except _BAD_INPUT as exc:
                         raise UserError(str(exc)) from exc
-        return self._session
+        return place.session
+
+    async def _run(self, op: Callable[[Session], Awaitable[T]]) -> T:
+        """Run ``op`` on the session handle where the ledger lives (see the class doc)."""
+
+        async def at(place: _Place) -> T:
+            return await op(await self._open(place))
+
+        if self._dsn is not None:
+            own = self._own_place()
+            assert own.thread is not None
+            return await own.thread.run_async(at(own))
+        loop = asyncio.get_running_loop()
+        with self._guard:
+            home = self._home_loop
+            if home is None or (home.is_closed() and self._foreign_dsn() is None):
+                # first use, or a memory:// ledger whose loop is gone (it is bound to none)
+                self._home_loop, home = loop, loop
+                self._home = _Place(None, self._ledger)
+            place = self._home
+        assert place is not None
+        if loop is home:
+            return await at(place)
+        if self._foreign_dsn() is None:  # memory://: one store, on its own loop
+            if not home.is_running():
+                raise UserError(
+                    "this LedgerSession's memory:// ledger lives in an event loop that is "
+                    "not running; use it from that loop, or pass dsn='memory://'"
+                )
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(at(place), home))
+        own = self._own_place()
+        assert own.thread is not None
+        return await own.thread.run_async(at(own))
+
+    async def session(self) -> Session:
+        """The underlying contextledger ``Session`` (checkpoints, verify, usage…) of the
+        ledger this session was given, for use on that ledger's loop. With ``dsn=`` it is
+        the handle on this session's own loop thread (pass ``ledger=`` to use a
+        ``Session`` from your own loop)."""
+        return await self._run(_same)
+
+    # -- the SDK's Session -----------------------------------------------------------------
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The history as items (oldest first); the latest ``limit`` items if given (else
         ``session_settings.limit``). With ``token_budget``, the budget-fitted view."""
-        session = await self.session()
         if limit is None and self.session_settings is not None:
-            limit = self.session_settings.limit
-        try:
-            if self.token_budget is not None:
-                messages = await session.get_messages_for_request(self.token_budget)
-            else:
-                messages = await session.view()
-        except _BAD_INPUT as exc:
-            raise UserError(str(exc)) from exc
+            limit = coerce_session_settings(self.session_settings).limit
+
+        async def read(session: Session) -> list[dict[str, Any]]:
+            try:
+                if self.token_budget is not None:
+                    return await session.get_messages_for_request(self.token_budget)
+                return await session.view()
+            except _BAD_INPUT as exc:
+                raise UserError(str(exc)) from exc
+
+        messages = await self._run(read)
         items = [item for m in messages for item in _from_message(m)]
         if limit is not None:
             items = items[-limit:] if limit > 0 else []
@@ -343,39 +444,112 @@ class LedgerSession(SessionABC):
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append the items: all of them in one atomic batch, or (bad input) none."""
-        session = await self.session()
         try:
             checked = _check_items(items)
-            if checked:
-                await session.add_messages([_to_message(g) for g in _groups(checked)])
         except _BAD_INPUT as exc:
             raise UserError(str(exc)) from exc
+        if not checked:
+            return
+        messages = [_to_message(g) for g in _groups(checked)]
+
+        async def add(session: Session) -> None:
+            try:
+                await session.add_messages(messages)
+            except _BAD_INPUT as exc:
+                raise UserError(str(exc)) from exc
+
+        await self._run(add)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove the last item from the view and return it (``None`` when empty).
 
-        Recorded as a rollback to just before the message that holds it: the ledger keeps
-        the item, and ``session.rollback`` to a later seq brings it back."""
-        session = await self.session()
+        Recorded as a rollback to just before the message that holds it, pinned to the
+        head the view was read at: a concurrent pop (or add) makes it read again, so two
+        pops never return the same item. The ledger keeps the item, and
+        ``session.rollback`` to a later seq brings it back."""
+        return cast(TResponseInputItem | None, await self._run(_pop))
+
+    async def clear_session(self) -> None:
+        """Empty the view (a ``session.cleared`` event; the history stays in the ledger)."""
+
+        async def clear(session: Session) -> None:
+            await session.clear()
+
+        await self._run(clear)
+
+    # -- closing ---------------------------------------------------------------------------
+
+    def close(self) -> _Closed:
+        """Close what this session opened (its loop thread and pool, the ledger from
+        ``dsn=``); a ``ledger=`` given stays open. Call it plainly, as the SDK's stores
+        are closed, or await it. The session opens them again if used afterwards."""
+        with self._guard:
+            own, self._own = self._own, None
+        if own is not None and own.thread is not None:
+            if own.ledger is not None and own.thread.alive:
+                own.thread.run_sync(own.ledger.close())
+            own.thread.stop()
+        return _Closed()
+
+    async def aclose(self) -> None:
+        """``close()`` without blocking the calling loop while the pool closes."""
+        with self._guard:
+            own, self._own = self._own, None
+        if own is not None and own.thread is not None:
+            if own.ledger is not None and own.thread.alive:
+                await own.thread.run_async(own.ledger.close())
+            own.thread.stop()
+
+
+async def _same(session: Session) -> Session:
+    return session
+
+
+#: events that leave the view as a rollback to before the last item expects
+_PLAIN = frozenset({"message.appended", "checkpoint.created", "session.rolled_back"})
+
+
+async def _rolls_back(session: Session, view: Sequence[Any], head: int) -> bool:
+    """Whether the view is the view right after its last item's own append, so a
+    rollback to just before that append is the view without it: the item was appended
+    alone (``message.appended``), nothing in the view is newer, and nothing after it
+    rewrote the view (a summary, compaction, replacement, clear or settings change)."""
+    last = view[-1]
+    if last.kind != "message" or last.ref[1] != 0 or last.seq <= 1:
+        return False
+    if any(i.seq > last.seq for i in view):
+        return False
+    events = [e async for e in session.events(last.seq, head)]
+    return (
+        bool(events)
+        and events[0].type == "message.appended"
+        and all(e.type in _PLAIN for e in events)
+    )
+
+
+async def _pop(session: Session) -> dict[str, Any] | None:
+    """``pop_item`` on the handle where the ledger lives (see ``LedgerSession.pop_item``)."""
+    for _ in range(_POP_RETRIES):
+        head = (await session.refresh()).head
         view = await session.view_items()
         if not view:
             return None
         last = view[-1]
         items = _from_message(last.message)
-        if last.kind == "message" and last.ref[1] == 0 and last.seq > 1:
-            await session.rollback(last.seq - 1)
-        else:  # a summary or a replaced view: write the view without it
-            await session.set_messages([dict(i.message) for i in view[:-1]])
-        if len(items) > 1:
-            await session.add_messages([_to_message(g) for g in _groups(items[:-1])])
-        return cast(TResponseInputItem, items[-1]) if items else None
-
-    async def clear_session(self) -> None:
-        """Empty the view (a ``session.cleared`` event; the history stays in the ledger)."""
-        await (await self.session()).clear()
-
-    async def close(self) -> None:
-        """Close the ledger when this session opened it (``dsn=``)."""
-        if self._owns_ledger and self._ledger is not None:
-            await self._ledger.close()
-            self._ledger, self._session = None, None
+        try:
+            if len(items) == 1 and await _rolls_back(session, view, head):
+                await session.rollback(last.seq - 1, expected_seq=head)
+            else:
+                # a summary, a replaced view, or a call group that keeps its other items:
+                # the view without the item, in one event
+                rest = [dict(i.message) for i in view[:-1]]
+                rest += [_to_message(g) for g in _groups(items[:-1])]
+                await session.set_messages(rest, expected_seq=head)
+        except ConcurrencyError:
+            continue
+        return items[-1] if items else None
+    raise ConcurrencyError(
+        f"pop_item lost {_POP_RETRIES} races in a row to other writers of "
+        f"{session.session_id!r}; retry it",
+        session_id=session.session_id,
+    )

@@ -20,8 +20,10 @@ pruned tool return) come back as plain parts built from their chat form.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -68,6 +70,13 @@ def _load(data: Any) -> ModelMessage:
 def _fingerprint(data: Mapping[str, Any]) -> str:
     text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _request_parts(data: Any) -> list[str]:
+    """The fingerprints of a dumped ``ModelRequest``'s parts (none for a response)."""
+    if not isinstance(data, Mapping) or data.get("kind") != "request":
+        return []
+    return [_fingerprint(p) for p in data.get("parts") or []]
 
 
 def _user_text(content: Any) -> Any:
@@ -239,6 +248,10 @@ class LedgerHistory:
         self._config = dict(config) if config is not None else None
         self._session: Session | None = None
         self._known: set[str] | None = None
+        #: runs of adjacent stored requests (each request as its parts' fingerprints):
+        #: what pydantic-ai merges into one request when it hands the history back
+        self._runs: list[list[list[str]]] = []
+        self._after_request = False
         self._lock = asyncio.Lock()
 
     async def session(self) -> Session:
@@ -271,7 +284,7 @@ class LedgerHistory:
         """The history processor: record what is new, return the view fitted to the budget
         (call/return pairs whole; the latest request always kept)."""
         async with self._lock:
-            await self._record(messages)
+            await self._record(messages, merged=True)
             session = await self.session()
             try:
                 chats = await session.get_messages_for_request(self.token_budget)
@@ -286,35 +299,89 @@ class LedgerHistory:
         """``processor`` as the capability pydantic-ai's ``Agent(capabilities=…)`` takes."""
         return ProcessHistory(self.processor)
 
-    async def _record(self, messages: Sequence[ModelMessage]) -> int:
+    async def _record(self, messages: Sequence[ModelMessage], *, merged: bool = False) -> int:
+        """Record what is not stored yet. ``merged``: the list is one pydantic-ai merged
+        adjacent requests in (the processor's), so a request made of stored ones is
+        recognised (see ``_unstored_parts``); ``save`` takes the list as given."""
         given: object = messages  # callers are not type-checked
         if isinstance(given, str | bytes) or not isinstance(given, Sequence):
             raise UserError("save takes a list of pydantic-ai messages")
         session = await self.session()
         if self._known is None:
-            self._known = set()
+            self._known, self._runs, self._after_request = set(), [], False
             for chat in await session.view():
                 tag = chat.get(MESSAGE_KEY)
                 if isinstance(tag, Mapping) and isinstance(tag.get("fingerprint"), str):
                     self._known.add(tag["fingerprint"])
+                    self._follow(tag.get("message"))
         new: list[dict[str, Any]] = []
         prints: list[str] = []
         for n, message in enumerate(messages):
             if not isinstance(message, ModelRequest | ModelResponse):
                 raise UserError(f"messages[{n}] is a {type(message).__name__}, not a ModelMessage")
-            chats = _to_chat(message)
-            fingerprint = chats[0][MESSAGE_KEY]["fingerprint"]
+            data = _dump(message)
+            fingerprint = _fingerprint(data)
             if fingerprint in self._known or fingerprint in prints:
                 continue
             prints.append(fingerprint)
-            new += chats
+            if merged and isinstance(message, ModelRequest):
+                fresh = self._unstored_parts(message, _request_parts(data))
+                if not fresh:
+                    continue
+                if len(fresh) < len(message.parts):
+                    message = dataclasses.replace(message, parts=fresh)
+                    data = _dump(message)
+            new += _to_chat(message)
+            self._follow(data)
         if new:
             try:
                 await session.add_messages(new)
             except (InvalidMessage, InvalidArgument) as exc:
                 raise UserError(str(exc)) from exc
-            self._known.update(prints)
-        return len(prints)
+        self._known.update(prints)
+        return sum(1 for c in new if c[MESSAGE_KEY]["part"] == 0)
+
+    def _follow(self, data: Any) -> None:
+        """Track the runs of adjacent stored requests past one more stored message."""
+        if isinstance(data, Mapping) and data.get("kind") == "request":
+            if not self._after_request:
+                self._runs.append([])
+            self._runs[-1].append(_request_parts(data))
+            self._after_request = True
+        else:
+            self._after_request = False
+
+    def _unstored_parts(self, message: ModelRequest, own: list[str]) -> list[ModelRequestPart]:
+        """The parts of ``message`` not stored yet. pydantic-ai merges adjacent requests
+        into one (after a failed model call: the request nobody answered and the next),
+        so a request made of whole stored requests of one run, and perhaps new parts,
+        is stored already but for those new parts. A request equal to a single stored
+        one, with nothing new, is a request of its own (sent again)."""
+        best: list[list[str]] = []
+        for run in self._runs:
+            have = Counter(own)
+            matched = []
+            for request in run:
+                need = Counter(request)
+                if request and all(have[f] >= n for f, n in need.items()):
+                    have.subtract(need)
+                    matched.append(request)
+            if len(matched) > len(best):
+                best = matched
+        covered = sum(len(r) for r in best)
+        if not best or (len(best) == 1 and covered == len(own)):
+            return list(message.parts)
+        stored = Counter(f for r in best for f in r)
+        fresh: list[ModelRequestPart] = []
+        for part, f in zip(message.parts, own, strict=True):
+            if stored[f] > 0:
+                stored[f] -= 1
+            else:
+                fresh.append(part)
+        seen = {f for r in best for f in r}
+        if any(f in seen for f, n in Counter(own).items() if n > 1):
+            return list(message.parts)  # a part twice: not two requests made apart
+        return fresh
 
     async def close(self) -> None:
         """Close the ledger when this history opened it (``dsn=``)."""

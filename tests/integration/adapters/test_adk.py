@@ -403,3 +403,44 @@ except contextledger.MissingExtra as exc:
     ).stdout
     assert out.startswith("MISSING_EXTRA adk ")
     assert "pip install 'contextledger[adk]'" in out
+
+
+# -- drop-in: what ADK's own services do (issue 29) ---------------------------------------
+
+
+def _not_json(x: int) -> int:
+    return x + 1
+
+
+async def test_a_state_value_json_cannot_hold_is_kept_as_adks_database_keeps_it(
+    ledger: Ledger,
+) -> None:
+    from google.adk.sessions import DatabaseSessionService
+
+    adk_own = DatabaseSessionService("sqlite+aiosqlite:///:memory:")
+    ours = LedgerSessionService(ledger=ledger)
+    stored = []
+    for service in (adk_own, ours):
+        session = await service.create_session(app_name=APP, user_id=USER, session_id="nj")
+        event = user_event("hi", 1000.0, state_delta={"fn": _not_json, "k": 1})
+        await service.append_event(session, event)
+        again = await service.get_session(app_name=APP, user_id=USER, session_id="nj")
+        assert again is not None
+        assert [e.id for e in again.events] == [event.id]  # the event is stored
+        stored.append(again.state)
+    await adk_own.close()
+    assert isinstance(stored[1]["fn"], str)
+    assert stored[1] == stored[0]
+
+
+async def test_appending_to_a_deleted_session_is_session_not_found(ledger: Ledger) -> None:
+    service = LedgerSessionService(ledger=ledger)
+    session = await service.create_session(app_name=APP, user_id=USER, session_id="gone")
+    await service.append_event(session, user_event("one", 1000.0))
+    await service.delete_session(app_name=APP, user_id=USER, session_id="gone")
+    with pytest.raises(SessionNotFoundError):
+        await service.append_event(session, user_event("two", 1001.0))
+    # a Session object this service never handed out, too
+    stranger = AdkSession(id="gone", app_name=APP, user_id=USER)
+    with pytest.raises(SessionNotFoundError):
+        await LedgerSessionService(ledger=ledger).append_event(stranger, user_event("x", 1.0))

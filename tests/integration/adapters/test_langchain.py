@@ -155,13 +155,17 @@ async def test_async_history_add_clear_budget_and_errors(ledger: Ledger) -> None
     assert (await ledger.verify("chat-1")).ok  # the cleared turns are still in the ledger
 
 
-async def test_sync_api_refuses_inside_a_running_loop(ledger: Ledger) -> None:
+async def test_sync_api_works_inside_a_running_loop(ledger: Ledger) -> None:
+    """As with ``InMemoryChatMessageHistory``: sync calls from async code (the loop waits)."""
     history = LedgerChatMessageHistory("chat-sync", ledger=ledger)
-    for call in (lambda: history.messages, lambda: history.add_user_message("x"), history.clear):
-        with pytest.raises(InvalidArgument) as refused:
-            call()
-        assert refused.value.code == "SYNC_CALL_IN_EVENT_LOOP"
+    history.add_user_message("from sync")
+    await history.aadd_messages([AIMessage("from async")])
+    assert [m.content for m in history.messages] == ["from sync", "from async"]
+    assert [m.content for m in await history.aget_messages()] == ["from sync", "from async"]
+    history.clear()
+    assert history.messages == []
     assert await history.aget_messages() == []
+    history.close()
 
 
 def test_sync_api_from_plain_sync_code(pg_dsn: str) -> None:
@@ -237,18 +241,44 @@ def test_agent_memory_hooks_in_a_sync_graph(pg_dsn: str) -> None:
         memory.close()
 
 
-def test_sync_api_on_a_memory_ledger_says_what_to_do() -> None:
-    async def make() -> Ledger:
-        return await Ledger.open("memory://")
+@pytest.mark.filterwarnings("ignore:RunnableWithMessageHistory is deprecated")
+def test_sync_api_on_memory_and_runnable_with_message_history() -> None:
+    from langchain_core.runnables import RunnableLambda
+    from langchain_core.runnables.history import RunnableWithMessageHistory
 
-    ledger = asyncio.run(make())
-    history = LedgerChatMessageHistory("m", ledger=ledger)
-    with pytest.raises(InvalidArgument, match="use the async methods"):
-        history.add_user_message("x")
+    histories: dict[str, LedgerChatMessageHistory] = {}
+
+    def history_for(session_id: str) -> LedgerChatMessageHistory:
+        if session_id not in histories:
+            histories[session_id] = LedgerChatMessageHistory(session_id, dsn="memory://")
+        return histories[session_id]
+
+    def model(messages: list[BaseMessage]) -> AIMessage:
+        return AIMessage(f"seen {len(messages)}")
+
+    chain = RunnableWithMessageHistory(RunnableLambda(model), history_for)
+    config: Any = {"configurable": {"session_id": "rwmh"}}
+    assert chain.invoke([HumanMessage("one")], config).content == "seen 1"
+    assert chain.invoke([HumanMessage("two")], config).content == "seen 3"
+
+    async def from_async() -> str:
+        reply = await chain.ainvoke([HumanMessage("three")], config)
+        return str(reply.content)
+
+    assert asyncio.run(from_async()) == "seen 5"
+    assert [m.content for m in histories["rwmh"].messages] == [
+        "one",
+        "seen 1",
+        "two",
+        "seen 3",
+        "three",
+        "seen 5",
+    ]
+    histories["rwmh"].close()
     with pytest.raises(InvalidArgument):
         LedgerChatMessageHistory("m")
     with pytest.raises(InvalidArgument):
-        LedgerChatMessageHistory("", ledger=ledger)
+        LedgerChatMessageHistory("", dsn="memory://")
 
 
 # -- LangGraph -------------------------------------------------------------------------

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import itertools
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from agents.exceptions import UserError
 from agents.memory.session import Session as SDKSession
+from agents.memory.session_settings import SessionSettings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai import AsyncOpenAI
@@ -243,8 +246,9 @@ async def test_pop_is_a_rollback_and_history_stays(ledger: Ledger) -> None:
     assert await session.get_items() == [{"role": "user", "content": "go"}, calls[0]]
     inner = await session.session()
     events = [e async for e in inner.events()]
-    # a rollback, then the rest of the popped message's group appended again
-    assert [e.type for e in events[-2:]] == ["session.rolled_back", "message.appended"]
+    # one event (so a concurrent pop cannot land between two): the view without the
+    # popped call, the rest of its group kept
+    assert [e.type for e in events[-1:]] == ["messages.replaced"]
     # the popped call is still in the ledger
     stored = [getattr(e.payload, "message", {}) for e in events]
     assert any(calls[1] in m.get(ITEMS_KEY, []) for m in stored)
@@ -353,3 +357,103 @@ async def test_moves_in_and_out_of_the_sdk_own_store(pg_ledger: Ledger, pg_dsn: 
     finally:
         await theirs._engine.dispose()
         await back._engine.dispose()
+
+
+# -- drop-in: what the SDK's own stores do (issue 29) ------------------------------------
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def store_dsn(request: pytest.FixtureRequest) -> str:
+    """A dsn on each store, for ``LedgerSession(dsn=…)`` (the SDK tests' shape)."""
+    if request.param == "memory":
+        return "memory://"
+    dsn: str = request.getfixturevalue("pg_dsn")
+    return dsn
+
+
+async def test_dict_session_settings_are_coerced_and_checked(ledger: Ledger) -> None:
+    session = LedgerSession("oa-settings", ledger=ledger, session_settings={"limit": 1})
+    assert isinstance(session.session_settings, SessionSettings)
+    await session.add_items([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    assert await session.get_items() == [{"role": "user", "content": "b"}]
+    with pytest.raises(TypeError, match="limitt"):
+        LedgerSession("oa-settings", ledger=ledger, session_settings={"limitt": 1})
+
+
+async def test_threads_with_loops_of_their_own_share_one_session(store_dsn: str) -> None:
+    """Each thread runs its own event loop, as ``Runner.run_sync`` does; the test's loop
+    is blocked meanwhile (as the SDK's concurrency test blocks it)."""
+    session = LedgerSession("oa-threads", dsn=store_dsn)
+    await session.add_items([{"role": "user", "content": "first"}])
+
+    def add(n: int) -> None:
+        asyncio.run(session.add_items([{"role": "user", "content": f"m{n}"}]))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=5) as pool:
+        list(pool.map(add, range(10)))
+    contents = {i.get("content") for i in await session.get_items()}
+    assert contents == {"first", *(f"m{n}" for n in range(10))}
+    session.close()  # plainly, as the SDK's tests close its stores
+
+
+async def test_ledger_given_is_used_from_other_loops(ledger: Ledger) -> None:
+    session = LedgerSession("oa-foreign", ledger=ledger)
+    await session.add_items([{"role": "user", "content": "home"}])
+    # from a fresh thread's loop while this loop keeps running (awaiting the thread)
+    await asyncio.to_thread(
+        lambda: asyncio.run(session.add_items([{"role": "user", "content": "away"}]))
+    )
+    assert [i.get("content") for i in await session.get_items()] == ["home", "away"]
+    items = await asyncio.to_thread(lambda: asyncio.run(session.get_items()))
+    assert [i.get("content") for i in items] == ["home", "away"]
+    await session.close()
+
+
+@pytest.mark.slow
+async def test_run_sync_in_a_fresh_thread(store_dsn: str, fake_llm: FakeLLM) -> None:
+    fake_llm.script("agent-model", [ok("One.")], then=ok("Two."))
+    session = LedgerSession("oa-run-sync", dsn=store_dsn)
+
+    def turn(text: str) -> Any:
+        client = AsyncOpenAI(base_url=fake_llm.base_url, api_key="test", max_retries=0)
+        agent = Agent(
+            name="a",
+            instructions="Be terse.",
+            model=OpenAIChatCompletionsModel(model="agent-model", openai_client=client),
+        )
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            return Runner.run_sync(agent, text, session=session).final_output
+        finally:
+            loop.close()
+
+    assert await asyncio.to_thread(turn, "first") == "One."
+    assert await asyncio.to_thread(turn, "second") == "Two."
+    second = fake_llm.calls("agent-model")[1].messages
+    assert [m["content"] for m in second if m["role"] == "user"] == ["first", "second"]
+    items = await session.get_items()
+    assert [i.get("content") for i in items if i.get("role") == "user"] == ["first", "second"]
+    await session.close()
+
+
+async def test_concurrent_pops_pop_each_item_once(ledger: Ledger) -> None:
+    session = LedgerSession("oa-pops", ledger=ledger)
+    other = LedgerSession("oa-pops", ledger=ledger)  # a second handle on the same session
+    items = [{"role": "user", "content": f"m{n}"} for n in range(10)]
+    await session.add_items(cast(Any, items))
+    popped = await asyncio.gather(*(s.pop_item() for s in [session, other] * 5))
+    assert sorted(str(p["content"]) for p in popped if p is not None) == sorted(
+        str(i["content"]) for i in items
+    )
+    assert await session.get_items() == []
+    assert await session.pop_item() is None
+
+
+def test_close_from_sync_code_and_reopen(pg_dsn: str) -> None:
+    session = LedgerSession("oa-sync-close", dsn=pg_dsn)
+    asyncio.run(session.add_items([{"role": "user", "content": "kept"}]))
+    session.close()
+    session.close()  # twice is fine
+    assert asyncio.run(session.get_items()) == [{"role": "user", "content": "kept"}]
+    session.close()

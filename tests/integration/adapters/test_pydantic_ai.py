@@ -30,7 +30,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from contextledger import Ledger
 from contextledger.adapters.pydantic_ai import LedgerHistory
-from tests.fakellm import FakeLLM, ok, running_fake_llm, tool_call
+from tests.fakellm import FakeLLM, ok, running_fake_llm, server_error, tool_call
 
 _ids = itertools.count()
 
@@ -247,3 +247,34 @@ async def test_moves_in_and_out_of_pydantic_ai_json(ledger: Ledger) -> None:
     history = LedgerHistory("pai-move", ledger=ledger)
     assert await history.save(ModelMessagesTypeAdapter.validate_json(exported)) == 4
     assert ModelMessagesTypeAdapter.dump_json(await history.load()) == exported
+
+
+async def test_a_failed_model_call_never_duplicates_history(
+    ledger: Ledger, fake_llm: FakeLLM
+) -> None:
+    """pydantic-ai merges the failed turn's request with the next one into one
+    ModelRequest; the processor must see that the first part of it is stored."""
+    from pydantic_ai.exceptions import ModelHTTPError
+
+    fake_llm.script("pai-fail", [server_error()], then=ok("fine"))
+    client = AsyncOpenAI(base_url=fake_llm.base_url, api_key="test", max_retries=0)
+    history = LedgerHistory(f"pai-fail-{next(_ids)}", ledger=ledger)
+    agent = Agent(
+        OpenAIChatModel("pai-fail", provider=OpenAIProvider(openai_client=client)),
+        capabilities=[history.capability()],
+    )
+    try:
+        with pytest.raises(ModelHTTPError):
+            await agent.run("one", message_history=await history.load())
+        for text in ("two", "three", "four"):
+            result = await agent.run(text, message_history=await history.load())
+            await history.save(result.all_messages())
+    finally:
+        await client.close()
+
+    def prompts(messages: list[ModelMessage]) -> list[str]:
+        return [str(p.content) for m in messages for p in m.parts if isinstance(p, UserPromptPart)]
+
+    assert prompts(await history.load()) == ["one", "two", "three", "four"]
+    last = fake_llm.calls("pai-fail")[-1].messages
+    assert [m["content"] for m in last if m["role"] == "user"] == ["one", "two", "three", "four"]
