@@ -238,8 +238,28 @@ class Tally:
     by_kind: dict[str, list[int]] = field(default_factory=dict)
 
 
+#: ``--embeddings URL``: hybrid recall through that OpenAI-compatible endpoint
+#: (bench/embed_server.py), where the store keeps vectors (PostgreSQL with pgvector).
+EMBEDDINGS: str | None = None
+
+
+def recall_config(recall: bool) -> dict[str, Any] | None:
+    if not recall:
+        return {"recall": {"enabled": False}}
+    if EMBEDDINGS:
+        return {
+            "recall": {
+                "engine": "hybrid",
+                "embedding_model": "openai/all-minilm-l6-v2",
+                "embedding_api_base": EMBEDDINGS,
+                "embedding_api_key": "unused",
+            }
+        }
+    return None
+
+
 async def measure(ledger: Ledger, sid: str, conv: Conversation, pct: int, recall: bool) -> Tally:
-    config = None if recall else {"recall": {"enabled": False}}
+    config = recall_config(recall)
     session = await write_conversation(ledger, sid, conv, config)
     history = sum(session.counter.count_message(m) for _, ms in conv.sittings for m in ms)
     budget = max(1, history * pct // 100)
@@ -281,7 +301,7 @@ async def main_async(args: argparse.Namespace) -> None:
         for store in args.stores:
             url = "memory://" if store == "memory" else dsn
             async with Ledger.open(url, migrate=None if store == "memory" else True) as ledger:
-                for pct in (10, 25):
+                for pct in args.budgets:
                     for recall in (True, False):
                         total = Tally()
                         for i, conv in enumerate(convs):
@@ -324,7 +344,8 @@ async def main_async(args: argparse.Namespace) -> None:
         if r["recall"]:
             kinds = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(r["by_kind_any"].items()))
             print(f"  {r['store']} {r['budget_pct']}%: {kinds}")
-    path = write_results("conversations", {"conversations": len(convs), "rows": rows})
+    name = "conversations-hybrid" if EMBEDDINGS else "conversations"
+    path = write_results(name, {"conversations": len(convs), "rows": rows})
     print(f"\nfigures: {path}", file=sys.stderr)
 
 
@@ -332,7 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--stores", default="pg,memory")
+    parser.add_argument("--embeddings", help="hybrid recall through this embedding endpoint")
+    parser.add_argument("--budgets", default="10,25")
     args = parser.parse_args(argv)
+    global EMBEDDINGS
+    EMBEDDINGS = args.embeddings
+    args.budgets = [int(b) for b in args.budgets.split(",")]
     args.stores = [s.strip() for s in args.stores.split(",")]
     asyncio.run(main_async(args))
     return 0

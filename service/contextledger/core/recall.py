@@ -335,12 +335,13 @@ def units_of(messages: Sequence[Recalled]) -> list[tuple[Recalled, ...]]:
 
 def _line(rec: Recalled, *, dated: bool = True) -> str:
     role = str(rec.message.get("role", ""))
-    if result_ids(rec.message) and role in ("tool", "user"):
+    if role in ("tool", "user") and result_ids(rec.message):
         role = "tool result"
     text = message_text(rec.message)
     if len(text) > MAX_LINE_CHARS:
         text = text[:MAX_LINE_CHARS] + " [...]"
-    when = f" {rec.at:%Y-%m-%d}" if dated and rec.at is not None else ""  # when it was said
+    # when it was said (isoformat: strftime was a third of a line's cost)
+    when = " " + rec.at.date().isoformat() if dated and rec.at is not None else ""
     return f"[#{rec.seq}{when} {role}] {text}"
 
 
