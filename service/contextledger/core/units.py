@@ -47,15 +47,17 @@ def tool_calls(message: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """``(id, tool name)`` of every call in an assistant message, in order (both shapes)."""
     if message.get("role") != "assistant":
         return ()
-    out: list[tuple[str, str]] = []
     calls = message.get("tool_calls")
+    content = message.get("content")
+    if calls is None and (content is None or type(content) is str):  # plain prose, fast
+        return ()
+    out: list[tuple[str, str]] = []
     if isinstance(calls, Sequence) and not isinstance(calls, str):
         for call in calls:
             if isinstance(call, Mapping) and isinstance(call.get("id"), str):
                 function = call.get("function")
                 name = function.get("name") if isinstance(function, Mapping) else call.get("name")
                 out.append((call["id"], name if isinstance(name, str) else ""))
-    content = message.get("content")
     if isinstance(content, Sequence) and not isinstance(content, str):
         for block in content:
             if (
@@ -81,6 +83,8 @@ def result_ids(message: Mapping[str, Any]) -> tuple[str, ...]:
     if role != "user":
         return ()
     content = message.get("content")
+    if content is None or type(content) is str:  # the usual turn, before the ABC checks
+        return ()
     if not isinstance(content, Sequence) or isinstance(content, str):
         return ()
     ids: list[str] = []

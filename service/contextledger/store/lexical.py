@@ -27,7 +27,7 @@ B = 0.9
 #: one with ``PER_TERM`` has its frequency estimated from how far back they reach, so a
 #: word in every other message weighs what BM25 would give it without being read whole.
 PER_TERM = 64
-MAX_QUERY_LEXEMES = 32
+MAX_QUERY_LEXEMES = 16
 #: The best matches whose neighbours (the message before and after, when the request left
 #: them out) come with them: a reply that echoes a question's words sits next to the
 #: statement that answers it, and a statement next to the question it answers.

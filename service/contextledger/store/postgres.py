@@ -302,10 +302,10 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
                                   / greatest(1, $T::bigint - min(seq) + 1)) END AS df
           FROM post GROUP BY l) d
 ), top AS MATERIALIZED (
-    SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}
-                      / (p.tf + {K1} * (1 - {B} + {B} * p.dl
-                                        / greatest(1.0, (SELECT avg(dl) FROM post)))))
-               * (1 + {RECENCY} * p.seq / greatest(1, $T::bigint)::float8) AS rank
+    SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}::float8
+                      / (p.tf + {K1}::float8 * ({1 - B}::float8 + {B}::float8 * p.dl
+                                        / greatest(1.0::float8, (SELECT avg(dl)::float8 FROM post)))))
+               * (1.0::float8 + {RECENCY}::float8 * p.seq / greatest(1, $T::bigint)::float8) AS rank
       FROM post p JOIN w USING (l)
      GROUP BY p.seq ORDER BY rank DESC, p.seq DESC LIMIT $7
 ), hop_lq AS MATERIALIZED (  -- a second hop (``lexical.HOP_*``), when $H
@@ -332,10 +332,10 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
         SELECT l, count(*)::float8 AS df
           FROM hop_post GROUP BY l HAVING count(*) < {PER_TERM}) d
 ), hop_top AS MATERIALIZED (
-    SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}
-                      / (p.tf + {K1} * (1 - {B} + {B} * p.dl
-                                        / greatest(1.0, (SELECT avg(dl) FROM hop_post)))))
-               * (1 + {RECENCY} * p.seq / greatest(1, $T::bigint)::float8) AS rank
+    SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}::float8
+                      / (p.tf + {K1}::float8 * ({1 - B}::float8 + {B}::float8 * p.dl
+                                        / greatest(1.0::float8, (SELECT avg(dl)::float8 FROM hop_post)))))
+               * (1.0::float8 + {RECENCY}::float8 * p.seq / greatest(1, $T::bigint)::float8) AS rank
       FROM hop_post p JOIN hop_w w USING (l)
      GROUP BY p.seq ORDER BY rank DESC, p.seq DESC LIMIT {HOP_LIMIT}
 ), near AS MATERIALIZED (  -- the neighbours of the best matches (``NEIGHBOURED``)
