@@ -403,9 +403,7 @@ def pick(
         unit = found
         lines = [line(r) for r in unit]
         if all(r.tokens for r in unit):  # counted at append: no tokenizer run per unit
-            cost = sum(
-                _line_cost(r, text, counter) for r, text in zip(unit, lines, strict=True)
-            )
+            cost = sum(_line_cost(r, text, counter) for r, text in zip(unit, lines, strict=True))
         else:
             cost = counter.count_message({"role": "user", "content": "\n".join(lines)})
         if used + cost > budget_tokens:

@@ -304,7 +304,7 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
 ), top AS MATERIALIZED (
     SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}::float8
                       / (p.tf + {K1}::float8 * ({1 - B}::float8 + {B}::float8 * p.dl
-                                        / greatest(1.0::float8, (SELECT avg(dl)::float8 FROM post)))))
+                         / greatest(1.0::float8, (SELECT avg(dl)::float8 FROM post)))))
                * (1.0::float8 + {RECENCY}::float8 * p.seq / greatest(1, $T::bigint)::float8) AS rank
       FROM post p JOIN w USING (l)
      GROUP BY p.seq ORDER BY rank DESC, p.seq DESC LIMIT $7
@@ -334,7 +334,7 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
 ), hop_top AS MATERIALIZED (
     SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}::float8
                       / (p.tf + {K1}::float8 * ({1 - B}::float8 + {B}::float8 * p.dl
-                                        / greatest(1.0::float8, (SELECT avg(dl)::float8 FROM hop_post)))))
+                         / greatest(1.0::float8, (SELECT avg(dl)::float8 FROM hop_post)))))
                * (1.0::float8 + {RECENCY}::float8 * p.seq / greatest(1, $T::bigint)::float8) AS rank
       FROM hop_post p JOIN hop_w w USING (l)
      GROUP BY p.seq ORDER BY rank DESC, p.seq DESC LIMIT {HOP_LIMIT}
