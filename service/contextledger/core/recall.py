@@ -403,7 +403,7 @@ def pick(
         unit = found
         lines = [line(r) for r in unit]
         if all(r.tokens for r in unit):  # counted at append: no tokenizer run per unit
-            cost = sum(_line_cost(r, text, counter) for r, text in zip(unit, lines, strict=True))
+            cost = sum(_line_cost(r, text) for r, text in zip(unit, lines, strict=True))
         else:
             cost = counter.count_message({"role": "user", "content": "\n".join(lines)})
         if used + cost > budget_tokens:
@@ -442,7 +442,7 @@ def pick(
 EXACT_ABOVE, CLIP_SLACK = 0.85, 1.15
 
 
-def _line_cost(rec: Recalled, line: str, counter: TokenCounter) -> int:
+def _line_cost(rec: Recalled, line: str) -> int:
     """A line's tokens: its message's count at append (text, plus the message overhead,
     which covers the line break), or a clipped line's share of it; plus what the line
     adds (seq, date, role: at most a token a character pair, and one)."""
