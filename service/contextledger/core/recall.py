@@ -387,24 +387,16 @@ def pick(
         return RecallBlock(None, (), 0, query)
     chosen: dict[int, tuple[Recalled, ...]] = {}
     costs: dict[int, int] = {}
-    rendered: dict[int, str] = {}
-
-    def line(rec: Recalled) -> str:
-        found = rendered.get(rec.seq)
-        if found is None:
-            found = rendered[rec.seq] = _line(rec)
-        return found
-
     used = frame
     for seq in ranked:
         found = unit_of.get(seq)
         if found is None or found[0].seq in chosen:
             continue
         unit = found
-        lines = [line(r) for r in unit]
         if all(r.tokens for r in unit):  # counted at append: no tokenizer run per unit
-            cost = sum(_line_cost(r, text) for r, text in zip(unit, lines, strict=True))
+            cost = sum(_line_cost(r) for r in unit)
         else:
+            lines = [_line(r) for r in unit]
             cost = counter.count_message({"role": "user", "content": "\n".join(lines)})
         if used + cost > budget_tokens:
             continue
@@ -442,16 +434,17 @@ def pick(
 EXACT_ABOVE, CLIP_SLACK = 0.85, 1.15
 
 
-def _line_cost(rec: Recalled, line: str) -> int:
-    """A line's tokens: its message's count at append (text, plus the message overhead,
-    which covers the line break), or a clipped line's share of it; plus what the line
-    adds (seq, date, role: at most a token a character pair, and one)."""
-    head, _, text = line.partition("] ")
+def _line_cost(rec: Recalled) -> int:
+    """A line's tokens, before it is rendered: its message's count at append (text, plus
+    the message overhead, which covers the line break), or a clipped line's share of it;
+    plus what the line adds (seq, date, role: a token a character pair, and one)."""
     body = rec.tokens
-    if text.endswith(" [...]"):  # clipped: its share of the message's count, with slack
-        whole = len(message_text(rec.message))
-        body = min(body, math.ceil(body * CLIP_SLACK * len(text) / max(whole, 1)) + 4)
-    return body + len(head) // 2 + 1
+    whole = len(message_text(rec.message))
+    if whole > MAX_LINE_CHARS:  # clipped: its share of the message's count, with slack
+        body = min(body, math.ceil(body * CLIP_SLACK * (MAX_LINE_CHARS + 6) / whole) + 4)
+    role = rec.message.get("role")
+    head = len(str(rec.seq)) + 16 + (len(role) if isinstance(role, str) else 0)
+    return body + head // 2 + 1
 
 
 def ranked_pos(ranked: Sequence[int], unit: Sequence[Recalled]) -> int:
