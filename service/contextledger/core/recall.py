@@ -387,6 +387,10 @@ def pick(
         return RecallBlock(None, (), 0, query)
     chosen: dict[int, tuple[Recalled, ...]] = {}
     costs: dict[int, int] = {}
+    # what a line's head ("[#seq date role] ") and break add, counted once on the longest
+    top = max((m.seq for m in ordered), default=0)
+    head = counter.count_message({"role": "user", "content": f"[#{top} 2000-01-01 tool result] \n"})
+    head -= counter.count_message({"role": "user", "content": ""})
     used = frame
     for seq in ranked:
         found = unit_of.get(seq)
@@ -394,7 +398,7 @@ def pick(
             continue
         unit = found
         if all(r.tokens for r in unit):  # counted at append: no tokenizer run per unit
-            cost = sum(_line_cost(r) for r in unit)
+            cost = sum(_line_cost(r, head) for r in unit)
         else:
             lines = [_line(r) for r in unit]
             cost = counter.count_message({"role": "user", "content": "\n".join(lines)})
@@ -434,17 +438,15 @@ def pick(
 EXACT_ABOVE, CLIP_SLACK = 0.85, 1.15
 
 
-def _line_cost(rec: Recalled) -> int:
+def _line_cost(rec: Recalled, head: int) -> int:
     """A line's tokens, before it is rendered: its message's count at append (text, plus
-    the message overhead, which covers the line break), or a clipped line's share of it;
-    plus what the line adds (seq, date, role: a token a character pair, and one)."""
+    the message overhead) or, for a clipped line, its share of that count, plus what the
+    head adds (``head``: the longest head, counted)."""
     body = rec.tokens
     whole = len(message_text(rec.message))
     if whole > MAX_LINE_CHARS:  # clipped: its share of the message's count, with slack
         body = min(body, math.ceil(body * CLIP_SLACK * (MAX_LINE_CHARS + 6) / whole) + 4)
-    role = rec.message.get("role")
-    head = len(str(rec.seq)) + 16 + (len(role) if isinstance(role, str) else 0)
-    return body + head // 2 + 1
+    return body + head
 
 
 def ranked_pos(ranked: Sequence[int], unit: Sequence[Recalled]) -> int:
