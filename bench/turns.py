@@ -283,7 +283,7 @@ async def db_bytes_per_event(dsn: str, session_id: str) -> float | None:
             "     + (SELECT coalesce(sum(pg_column_size(b.*)), 0)"
             "          FROM contextledger.branch_items b WHERE b.session_id = $1)"
             "     + (SELECT coalesce(sum(pg_column_size(x.*)), 0)"
-            "          FROM contextledger.event_search x WHERE x.session_id = $1),"
+            "          FROM contextledger.event_terms x WHERE x.session_id = $1),"
             " (SELECT count(*) FROM contextledger.events WHERE session_id = $1)",
             session_id,
         )
