@@ -308,6 +308,8 @@ def _upstream_problem(exc: Exception) -> Problem:
     )
 
 
+#: The fields the document describes one by one; the other parameters by name only.
+_NAMED = frozenset({"model", "messages", "user", "stream", "stream_options"})
 #: The route reads and checks its own body (http/lane.py calls it directly): what it
 #: takes is declared for the OpenAPI document only, and FastAPI parses nothing.
 DOCUMENTED: dict[str, Any] = {
@@ -326,17 +328,26 @@ DOCUMENTED: dict[str, Any] = {
             "application/json": {
                 "schema": {
                     "title": "ChatCompletionRequest",
-                    "description": "OpenAI's chat completion request. Fields not named here "
-                    "(tools, temperature, ...) go to the upstream as they are.",
+                    "description": "OpenAI's chat completion request. Its other "
+                    "parameters (" + ", ".join(sorted(upstream.PARAMETERS - _NAMED)) + ") "
+                    "go to the upstream as they are; any other field (litellm's api_base, "
+                    "api_key, mock_response, ...) is refused (422 UNSUPPORTED_PARAMETER), "
+                    "unless the operator allows it (proxy_parameters).",
                     "type": "object",
                     "required": ["model", "messages"],
-                    "additionalProperties": True,
+                    "additionalProperties": False,
+                    "patternProperties": {
+                        "^(" + "|".join(sorted(upstream.PARAMETERS - _NAMED)) + ")$": {}
+                    },
                     "properties": {
                         "model": {
                             "type": "string",
                             "minLength": 1,
                             "maxLength": 200,
-                            "description": "The client's model name (mapped by model_map).",
+                            "description": "A model this service is configured for: a "
+                            "model_map name, or (with an upstream_api_base) a plain name or one "
+                            "with the upstream's provider prefix, or a fallback's name "
+                            "(422 MODEL_NOT_ALLOWED otherwise).",
                         },
                         "messages": {
                             "type": "array",
@@ -394,8 +405,26 @@ async def chat_completions(request: Request) -> Response:
     if not isinstance(body, dict):
         raise Problem(422, "INVALID_REQUEST", "the body must be a JSON object")
     model, sent = body.get("model"), body.get("messages")
+    refused = upstream.check_parameters(settings, body)
+    if refused:  # checked before anything is appended or sent
+        raise Problem(
+            422,
+            "UNSUPPORTED_PARAMETER",
+            f"the proxy does not forward {', '.join(map(repr, refused))}: send only OpenAI "
+            "chat-completion parameters",
+            fields=refused,
+        )
     if not isinstance(model, str) or not model or len(model) > 200:
         raise Problem(422, "INVALID_REQUEST", "'model' must be a non-empty string")
+    try:
+        target_model = upstream.target_model(settings, model)
+    except upstream.ModelNotAllowed:
+        raise Problem(
+            422,
+            "MODEL_NOT_ALLOWED",
+            f"model {model!r} is not one this service is configured for",
+            field="model",
+        ) from None
     if not isinstance(sent, list) or not sent or not all(isinstance(m, dict) for m in sent):
         raise Problem(422, "INVALID_REQUEST", "'messages' must be a non-empty list of objects")
     session_id = request.headers.get("x-session-id") or body.get("user")
@@ -403,6 +432,8 @@ async def chat_completions(request: Request) -> Response:
         raise Problem(
             422, "MISSING_SESSION", "name the session with X-Session-Id (or the 'user' field)"
         )
+    if "/" in session_id:  # one path segment of every session route, or unreachable
+        raise Problem(422, "INVALID_SESSION_ID", "a session id cannot contain '/'")
     started = time.perf_counter()
     session = await _session(tenants, tenant, session_id, model, sent)
     k, stored = await _common_prefix(session, sent)
@@ -426,7 +457,6 @@ async def chat_completions(request: Request) -> Response:
     # The branch now holds exactly what was sent (appended to, or rewritten to it): the
     # reply's place is right after, where the client's resend will carry it.
     position = len(sent) if not retry else -1
-    target_model = upstream.target_model(settings, model)
     key = upstream.upstream_key(settings, _client_key(request))
     extra = {k: v for k, v in body.items() if k not in OWN_FIELDS}
     stream = bool(body.get("stream"))

@@ -76,6 +76,11 @@ class Settings:
         "litellm models tried in order when the upstream fails: a,b or JSON "
         '[{"model": …, "api_base": …, "api_key": …}].',
     )
+    proxy_parameters: tuple[str, ...] = _knob(
+        (),
+        "Request fields the proxy forwards besides OpenAI's chat-completion parameters "
+        "(a,b; e.g. top_k for vLLM). litellm's control arguments are never forwarded.",
+    )
     pass_client_key: bool = _knob(
         False, "Forward the client's own Authorization bearer to the upstream."
     )
@@ -83,6 +88,19 @@ class Settings:
     upstream_retries: int = _knob(0, "Retries of a failed upstream call.")
     proxy_token_budget: int | None = _knob(
         None, "Token budget of the request views the proxy sends (default: the model's)."
+    )
+    max_body_bytes: int = _knob(
+        16 * 1024 * 1024, "Largest request body accepted (413 beyond), checked before parsing."
+    )
+    allowed_hosts: tuple[str, ...] = _knob(
+        (),
+        "Host names served besides the loopback ones when bound to loopback (a,b): "
+        "a reverse proxy's name. Anything else is refused (DNS rebinding).",
+    )
+    config_api_bases: tuple[str, ...] = _knob(
+        (),
+        "Endpoints a session config posted over HTTP may name (summarizer.models[].api_base, "
+        "recall.embedding_api_base); none by default. Keys never come from HTTP.",
     )
     log_format: str | None = None
     key_cache_seconds: float = _knob(
