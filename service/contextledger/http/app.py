@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from contextledger.http import audit, ops, problems, proxy, rest
+from contextledger.http.guard import Guard
 from contextledger.http.lane import Lane
 from contextledger.http.metrics import Metrics
 from contextledger.http.settings import Settings
@@ -115,5 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(audit.router)
     app.mount("/static", StaticFiles(directory=audit.STATIC), name="static")
     app.add_middleware(Lane)  # inside AccessLog: its requests are logged and counted
+    # before the lane and every route: size, media type, same-site, Host (http/guard.py)
+    app.add_middleware(Guard, settings=settings)
     app.add_middleware(AccessLog, metrics=metrics)
     return app

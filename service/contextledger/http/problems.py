@@ -102,6 +102,11 @@ async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     return problem(500, "INTERNAL_ERROR", "an unexpected error; see the service log")
 
 
+async def too_deep(request: Request, exc: Exception) -> JSONResponse:
+    """JSON nested past the parser's depth (``RecursionError``): the client's error."""
+    return problem(400, "INVALID_REQUEST", "the body is nested too deeply")
+
+
 Handler = Callable[[Request, Exception], Awaitable[JSONResponse]]
 #: The exceptions rendered as a problem where they are raised (starlette's
 #: ExceptionMiddleware); anything else is ``unexpected_error``'s, outermost.
@@ -110,6 +115,7 @@ HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
     (Problem, own_problem),
     (RequestValidationError, validation_error),
     (StarletteHTTPException, http_error),
+    (RecursionError, too_deep),
 )
 
 

@@ -22,6 +22,7 @@ from contextledger.core.messages import validate_message
 from contextledger.core.shapes import shape_of
 from contextledger.errors import ContextLedgerError, InvalidArgument, SessionExists, SessionNotFound
 from contextledger.http.auth import current_tenant
+from contextledger.http.guard import check_posted_config
 from contextledger.http.problems import Problem
 from contextledger.http.tenancy import Tenants
 from contextledger.provider_shapes import render
@@ -35,9 +36,13 @@ IF_MATCH_MAX = 40
 SSE_POLL_S = 0.25
 
 
+#: A session id is one path segment of every session route: "/" would make it unreachable.
+SESSION_ID_PATTERN = r"^[^/]+$"
+
+
 class SessionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    session_id: str = Field(min_length=1, max_length=200)
+    session_id: str = Field(min_length=1, max_length=200, pattern=SESSION_ID_PATTERN)
     model: str | None = Field(default=None, min_length=1, max_length=200)
     config: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
@@ -156,6 +161,7 @@ def _after(cursor: str) -> tuple[datetime, str]:
 @router.post("", status_code=201)
 async def create_session(body: SessionCreate, request: Request, tenant: Tenant) -> dict[str, Any]:
     tenants = tenants_of(request)
+    check_posted_config(body.config, request.app.state.settings)
     ledger = await tenants.ledger(tenant)
     try:
         await ledger.session(body.session_id, create=False)
