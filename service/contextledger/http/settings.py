@@ -49,6 +49,11 @@ class Settings:
         None, "The service role's password, where the server asks for one."
     )
     pool_size: int = _knob(4, "Database connections per tenant.")
+    pgbouncer: bool = _knob(
+        False,
+        "The DSN reaches PostgreSQL through PgBouncer in transaction mode: asyncpg's "
+        "statement cache off, no startup parameters, the service role logs in itself.",
+    )
     migrate: bool = _knob(True, "Apply the migrations at start.")
     upstream_api_base: str | None = _knob(
         None, "Where the proxy forwards (an OpenAI-compatible base URL)."
