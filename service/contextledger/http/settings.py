@@ -42,6 +42,9 @@ class Settings:
     home: str | None = None
     host: str = _knob("127.0.0.1", "Bind address (beyond loopback only once an API key exists).")
     port: int = _knob(8765, "Port.")
+    workers: int = _knob(
+        1, "Service processes sharing the port (each with its own pools; state is in PostgreSQL)."
+    )
     #: The database role tenant connections log in as (else switch to from the DSN's
     #: user: ``Tenants``); "" keeps the DSN's own user.
     service_role: str = _knob("contextledger_service", "Database role of tenant connections.")
@@ -123,6 +126,34 @@ class Settings:
                 values[f.name] = parse_setting(f.name, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
+
+    def to_json(self) -> str:
+        """Every setting as JSON (``from_json`` reads it back): handed to worker processes."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "fallbacks":
+                value = [
+                    v
+                    if isinstance(v, str)
+                    else {"model": v.model, "api_base": v.api_base, "api_key": v.api_key}
+                    for v in value
+                ]
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
+        return json.dumps(out)
+
+    @classmethod
+    def from_json(cls, raw: str) -> Settings:
+        values = json.loads(raw)
+        values["fallbacks"] = parse_fallbacks(json.dumps(values.get("fallbacks") or []))
+        for f in fields(cls):
+            if isinstance(values.get(f.name), list):
+                values[f.name] = tuple(values[f.name])
+        return cls(**values)
 
     @property
     def local_only(self) -> bool:

@@ -104,7 +104,9 @@ class Tenants:
         role = self.settings.service_role
         login = with_user(asyncpg_dsn(dsn), role, self.settings.service_password)
         try:
-            conn = await asyncpg.connect(login, timeout=10)
+            conn = await asyncpg.connect(
+                login, timeout=10, statement_cache_size=0 if self.settings.pgbouncer else 100
+            )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.warning(
                 "service_role_switched",
