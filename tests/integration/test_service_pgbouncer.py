@@ -49,14 +49,18 @@ async def _ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     async with httpx.AsyncClient() as c:
         for _ in range(1200):
             if proc.poll() is not None:
-                raise AssertionError(f"serve exited {proc.returncode}: {log.read_text()[-3000:]}")
+                raise AssertionError(f"serve exited {proc.returncode}: {_tail(log)}")
             try:
                 if (await c.get(url + "/readyz")).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
             await asyncio.sleep(0.05)
-    raise AssertionError(f"serve did not get ready: {log.read_text()[-3000:]}")
+    raise AssertionError(f"serve did not get ready: {_tail(log)}")
+
+
+def _tail(log: Path) -> str:
+    return log.read_text()[-3000:]
 
 
 def _workers(proc: subprocess.Popen[bytes]) -> int:
