@@ -91,15 +91,15 @@ async def test_a_member_of_the_tables_owner_is_refused(pg_dsn: str, temp_role: s
         await Ledger.open(login, tenant="alpha")
 
 
-async def test_the_tenant_lives_in_each_transaction_not_in_the_connection(
-    pg_dsn: str,
-) -> None:
-    """Between transactions the connection carries no tenant: a pooler that hands the
-    server connection to someone else hands over no tenant (a startup parameter stays)."""
-    ledger = await Ledger.open(with_user(asyncpg_dsn(pg_dsn), ROLE), tenant="alpha")
+async def test_behind_a_pooler_the_tenant_lives_in_each_transaction(pg_dsn: str) -> None:
+    """``pgbouncer``: between transactions the connection carries no tenant, so a pooler
+    that lends the server connection to someone else lends no tenant with it."""
+    login = with_user(asyncpg_dsn(pg_dsn), ROLE)
+    ledger = await Ledger.open(login, tenant="alpha", pgbouncer=True)
     try:
         session = await ledger.session("s")
         await session.add_message({"role": "user", "content": "x"})
+        assert len(await session.get_messages()) == 1
         async with ledger.store._pool.acquire() as conn:  # type: ignore[attr-defined]
             scoped = "SELECT current_setting('contextledger.tenant', true)"
             assert await conn.fetchval(scoped) == "alpha"  # in its own transaction
@@ -111,6 +111,22 @@ async def test_the_tenant_lives_in_each_transaction_not_in_the_connection(
                     await conn.fetchval("SELECT count(*) FROM contextledger.sessions")
             finally:
                 raw._scope = scope
+    finally:
+        await ledger.close()
+
+
+async def test_the_tenant_is_no_startup_parameter(pg_dsn: str) -> None:
+    """Direct: set by ``set_config`` on the new connection (after its role was checked),
+    not in the startup packet a pooler would refuse or drop."""
+    ledger = await Ledger.open(with_user(asyncpg_dsn(pg_dsn), ROLE), tenant="alpha")
+    try:
+        async with ledger.store._pool.acquire() as conn:  # type: ignore[attr-defined]
+            assert await conn.fetchval("SELECT contextledger.current_tenant()") == "alpha"
+            # RESET goes back to what the connection started with: a startup parameter
+            # would come back; a set_config made after the start does not
+            await conn.execute("RESET contextledger.tenant")
+            setting = "SELECT current_setting('contextledger.tenant', true)"
+            assert await conn.fetchval(setting) in (None, "")
     finally:
         await ledger.close()
 

@@ -109,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.relay = relay
     app.state.stopping = asyncio.Event()
+    app.state.tails = {}  # tenant -> event streams open (rest.event_stream)
     problems.install(app)
     app.include_router(rest.router)
     app.include_router(proxy.router)

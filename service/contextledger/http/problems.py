@@ -67,8 +67,31 @@ def _jsonable(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool | list | dict)
 
 
+#: Failures of the database (or of what it holds), not of the request: the client gets
+#: a 503 and a generic detail; what failed, with its host, user, SQL state or DSN, goes
+#: to the log only.
+DATABASE_FAILURES: tuple[type[e.ContextLedgerError], ...] = (
+    e.LedgerUnavailable,
+    e.LedgerRefused,
+    e.MigrationRequired,
+    e.LedgerClosed,
+    e.EventDecodeError,
+)
+
+
 async def ledger_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, e.ContextLedgerError)
+    if isinstance(exc, DATABASE_FAILURES):
+        import structlog
+
+        structlog.get_logger(__name__).error(
+            "database_failure", path=request.url.path, code=exc.code, error=str(exc)
+        )
+        return problem(
+            503,
+            exc.code,
+            "the database is unavailable or failed; retry shortly (the service log says why)",
+        )
     return problem(status_of(exc), exc.code, str(exc.args[0]), **exc.details)
 
 

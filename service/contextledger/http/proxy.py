@@ -27,6 +27,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import time
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -296,10 +297,53 @@ def service_setup(litellm: Any) -> None:
     litellm.response_cost_calculator = _no_cost
 
 
+#: What the client is told when the upstream's own words are not passed on: a 401/403
+#: concerns the operator's key, a 5xx or a timeout the operator's infrastructure.
+_UPSTREAM_SAYS = {
+    401: "the upstream refused the service's credentials",
+    403: "the upstream refused the service's credentials",
+    408: "the upstream did not answer in time",
+    429: "the upstream is limiting requests; retry later",
+}
+_ADDRESS = re.compile(
+    r"[a-z][a-z0-9+.-]*://\S+"  # URLs
+    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"  # IPv4, with a port
+    r"|\[[0-9a-f:]+\](?::\d+)?"  # [IPv6]:port
+    r"|\b[a-z0-9.-]+:\d{2,5}\b",  # host:port
+    re.IGNORECASE,
+)
+_LITELLM_PREFIX = re.compile(r"^(?:litellm\.\w+:\s*)?(?:\w+Exception\s*-\s*)?")
+
+
+def upstream_detail(status: int, message: str) -> str:
+    """The upstream's message as the client may see it: for a 4xx that is about the
+    request (a context too long, a bad parameter), its first line without addresses or
+    litellm's prefixes; otherwise a generic line. The whole message goes to the log."""
+    if status in _UPSTREAM_SAYS:
+        return _UPSTREAM_SAYS[status]
+    if status >= 500:
+        return f"the upstream failed ({status})"
+    start = message.find("{")
+    if start >= 0:  # litellm quotes the upstream's JSON body: its own message, if any
+        try:
+            error = json.loads(message[start:]).get("error")
+        except (ValueError, AttributeError):
+            error = None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            message = error["message"]
+        elif isinstance(error, str):
+            message = error
+    line = (message.strip().replace("\\n", "\n").splitlines() or [""])[0]
+    line = _ADDRESS.sub("<address>", _LITELLM_PREFIX.sub("", line)).strip()
+    return line[:300] or f"the upstream refused the request ({status})"
+
+
 def _upstream_problem(exc: Exception) -> Problem:
     status = getattr(exc, "status_code", None)
     status = status if isinstance(status, int) and 400 <= status < 600 else 502
-    message = str(getattr(exc, "message", None) or exc)
+    raw = str(getattr(exc, "message", None) or exc)
+    log.warning("upstream_error", status=status, error=raw[:4000], kind=type(exc).__name__)
+    message = upstream_detail(status, raw)
     return Problem(
         status,
         "UPSTREAM_ERROR",
@@ -468,7 +512,16 @@ async def chat_completions(request: Request) -> Response:
             sent=len(outgoing),
             overhead_ms=round((time.perf_counter() - started) * 1000, 2),
         )
-    record = _Recorder(tenants, tenant, session_id, session, position, metrics, target_model)
+    record = _Recorder(
+        tenants,
+        tenant,
+        session_id,
+        session,
+        position,
+        metrics,
+        target_model,
+        upstream.label_names(settings, target_model),
+    )
     target = upstream.relay_target(settings, target_model, key)
     skip = 0
     if target is not None:
@@ -587,6 +640,7 @@ class _Recorder:
     position: int
     metrics: Any
     model: str  # the model asked for: the usage's label when the answer names none
+    labels: frozenset[str] = frozenset()  # the models that may label usage (configured)
 
     def count(self, usage: Any, answered_by: Any) -> None:
         """Count the reply's tokens: by kind (``contextledger_proxy_tokens``) and by
@@ -595,7 +649,9 @@ class _Recorder:
         a message carries no metadata to hold it.)"""
         if not isinstance(usage, Mapping):
             return
-        model = answered_by if isinstance(answered_by, str) and answered_by else self.model
+        # the label set stays bounded: the model asked for, or one the operator configured
+        # (a fallback that answered); never a name the upstream made up
+        model = answered_by if answered_by in self.labels else self.model
         for kind in ("prompt", "completion"):
             value = usage.get(kind + "_tokens")
             if isinstance(value, int) and value > 0:

@@ -110,6 +110,14 @@ class Settings:
         "Endpoints a session config posted over HTTP may name (summarizer.models[].api_base, "
         "recall.embedding_api_base); none by default. Keys never come from HTTP.",
     )
+    sse_tails_per_tenant: int = _knob(
+        16, "Event streams (GET …/events/stream) one tenant may hold open at once (429 beyond)."
+    )
+    metrics_token: str | None = _knob(
+        None,
+        "Bearer token /metrics asks for. Without one, /metrics answers only a service bound "
+        "to loopback (it names every tenant).",
+    )
     log_format: str | None = None
     key_cache_seconds: float = _knob(
         5.0, "Seconds a verified API key (or the local-mode check) is trusted."

@@ -157,6 +157,13 @@ def target_model(settings: Settings, model: str) -> str:
     raise ModelNotAllowed(model)
 
 
+def label_names(settings: Settings, model: str) -> frozenset[str]:
+    """The model names the proxy's usage metric may carry for a request to ``model``:
+    it and the fallbacks, with and without their provider prefix (a bounded set)."""
+    names = {model, *(f if isinstance(f, str) else f.model for f in settings.fallbacks)}
+    return frozenset(names | {n.partition("/")[2] for n in names if "/" in n})
+
+
 def upstream_key(settings: Settings, client_key: str | None) -> str | None:
     """The key for the primary upstream: the client's (``pass_client_key``), else ours;
     None when there is neither (litellm then reads the provider's own variable)."""

@@ -603,10 +603,15 @@ class PostgresStore(Store):
         if pgbouncer:
             options["statement_cache_size"] = search_options["statement_cache_size"] = 0
         if tenant is not None:
-            options.update(connection_class=TenantConnection, init=scoped(tenant))
+            options.update(
+                connection_class=TenantConnection,
+                init=scoped(tenant, per_transaction=pgbouncer),
+            )
             search_options.update(
                 connection_class=TenantConnection,
-                init=scoped(tenant, _SEARCH_CONNECTION if pgbouncer else None),
+                init=scoped(
+                    tenant, _SEARCH_CONNECTION if pgbouncer else None, per_transaction=pgbouncer
+                ),
             )
         pool = search_pool = None
         try:

@@ -115,13 +115,23 @@ async def check_role(conn: asyncpg.Connection) -> None:
         )
 
 
-def scoped(tenant: str, settings: Mapping[str, str] | None = None) -> Any:
-    """A pool ``init`` callback: the connection checked (``check_role``), then scoped."""
+def scoped(
+    tenant: str, settings: Mapping[str, str] | None = None, *, per_transaction: bool = True
+) -> Any:
+    """A pool ``init`` callback: the connection checked (``check_role``), then scoped:
+    every transaction (``per_transaction``: behind a transaction-mode pooler, where the
+    server connection changes between transactions), or once for the connection's
+    session (a direct connection is its server session: the same scope, without two
+    more round trips per lone statement). Either way by ``set_config`` after the
+    connection is made, never a startup parameter, and checked before."""
     scope = scope_sql(tenant, settings)
 
     async def init(conn: asyncpg.Connection) -> None:
         await check_role(conn)  # before the scope: a plain statement
         assert isinstance(conn, TenantConnection)
-        conn._scope = scope
+        if per_transaction:
+            conn._scope = scope
+        else:
+            await conn.execute(scope.replace(", true)", ", false)"))
 
     return init
