@@ -27,7 +27,7 @@ def attacker() -> Iterator[FakeLLM]:
 @pytest_asyncio.fixture
 async def local(pg_dsn: str, fake: FakeLLM) -> AsyncIterator[Running]:
     """Local mode (no key yet), proxying to ``fake``."""
-    async with proxy_service(pg_dsn, fake, True, max_body_bytes=64 * 1024) as svc:
+    async with proxy_service(pg_dsn, fake, True) as svc:
         yield svc
 
 
@@ -186,7 +186,7 @@ def nested(depth: int) -> bytes:
 
 
 async def test_deeply_nested_json_is_a_400_not_a_500(local: Running) -> None:
-    body = nested(30_000)  # under the cap: refused for its depth
+    body = nested(30_000)  # far under the cap: refused for its depth
     for path in ("/v1/chat/completions", "/v1/sessions/s/messages", "/v1/sessions"):
         r = await local.client.post(
             path, content=body, headers={"Content-Type": "application/json", "X-Session-Id": "s"}
