@@ -8,12 +8,13 @@ Create Date: 2026-11-27
 - ``FORCE ROW LEVEL SECURITY`` on every table with a tenant policy: a service role that
   owns the tables (an operator's shortcut) is held by the policies too. (Superusers and
   BYPASSRLS roles are not: the service refuses such a tenant connection, store/scoped.py.)
-- ``current_tenant()`` with the setting unset or empty is ``'local'`` only for the
-  tables' owners (migrations, the CLI, embedded use: owner and superuser alike); for any
-  other role it raises ``insufficient_privilege``: a service connection that lost its
-  tenant (a pooler that dropped the startup parameter, a bug) reads and writes nothing,
-  not the local tenant's rows. Both ``current_user`` and ``session_user`` must own: a
-  SECURITY DEFINER function runs as the owner, its caller does not.
+- ``current_tenant()`` with the setting unset or empty is ``'local'`` for the tables'
+  owners (migrations, the CLI, embedded use: owner and superuser alike) and, while no
+  API key exists (one tenant, the local one), for anyone. Once keys exist (tenants), it
+  raises ``insufficient_privilege`` for any other role: a service connection that lost
+  its tenant (a pooler that dropped the startup parameter, a bug) reads and writes
+  nothing, not the local tenant's rows. Both ``current_user`` and ``session_user`` must
+  own: a SECURITY DEFINER function runs as the owner, its caller does not.
 - The service role loses TRUNCATE (it ignores row-level security), TRIGGER and
   REFERENCES on every table, and UPDATE/DELETE on ``purges`` (the audit of erasures is
   insert-only for it; ``purge_session`` only inserts there).
@@ -50,12 +51,17 @@ def _tables() -> list[str]:
 
 def upgrade() -> None:
     op.execute(f"""
-        CREATE FUNCTION {S}.unset_tenant() RETURNS text LANGUAGE plpgsql STABLE AS $$
+        CREATE FUNCTION {S}.unset_tenant(p_current name, p_session name) RETURNS text
+        LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER
+        SET search_path = pg_catalog, pg_temp AS $$
         DECLARE owner oid := (SELECT nspowner FROM pg_namespace WHERE nspname = '{S}');
         BEGIN
-            IF pg_has_role(current_user, owner, 'MEMBER')
-               AND pg_has_role(session_user, owner, 'MEMBER') THEN
+            IF pg_has_role(p_current, owner, 'MEMBER')
+               AND pg_has_role(p_session, owner, 'MEMBER') THEN
                 RETURN 'local';
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM {S}.api_keys) THEN
+                RETURN 'local';  -- no key yet: one tenant, the local one
             END IF;
             RAISE EXCEPTION 'contextledger.tenant is not set for this transaction'
                 USING ERRCODE = 'insufficient_privilege',
@@ -66,10 +72,8 @@ def upgrade() -> None:
         CREATE OR REPLACE FUNCTION {S}.current_tenant() RETURNS text
         LANGUAGE sql STABLE PARALLEL SAFE AS
         $$ SELECT coalesce(nullif(current_setting('contextledger.tenant', true), ''),
-                           {S}.unset_tenant()) $$
+                           {S}.unset_tenant(current_user, session_user)) $$
     """)
-    op.execute(f"REVOKE ALL ON FUNCTION {S}.unset_tenant() FROM PUBLIC")
-    op.execute(f"GRANT EXECUTE ON FUNCTION {S}.unset_tenant() TO {ROLE}")
     for table in _policy_tables():
         op.execute(f"ALTER TABLE {S}.{table} FORCE ROW LEVEL SECURITY")
     for table in _tables():
@@ -89,4 +93,4 @@ def downgrade() -> None:
         LANGUAGE sql STABLE PARALLEL SAFE AS
         $$ SELECT coalesce(nullif(current_setting('contextledger.tenant', true), ''), 'local') $$
     """)
-    op.execute(f"DROP FUNCTION {S}.unset_tenant()")
+    op.execute(f"DROP FUNCTION {S}.unset_tenant(name, name)")

@@ -125,6 +125,18 @@ async def test_two_workers_behind_pgbouncer_keep_tenants_apart(
                         for name in ("alpha", "beta")
                     )
                 )
+                ha = {"Authorization": f"Bearer {keys['alpha']}"}
+                hb = {"Authorization": f"Bearer {keys['beta']}"}
+                r = await c.post("/v1/sessions", json={"session_id": "alpha-only"}, headers=ha)
+                assert r.status_code == 201
+                for _ in range(8):  # whichever worker and server connection answers
+                    assert (await c.get("/v1/sessions/alpha-only", headers=hb)).status_code == 404
+                    r = await c.delete(
+                        "/v1/sessions/alpha-only", params={"reason": "x"}, headers=hb
+                    )
+                    assert r.status_code == 404
+                assert (await c.get("/v1/sessions/alpha-only", headers=ha)).status_code == 200
+                await c.delete("/v1/sessions/alpha-only", params={"reason": "done"}, headers=ha)
                 for name, key in keys.items():
                     h = {"Authorization": f"Bearer {key}"}
                     listed = (await c.get("/v1/sessions", headers=h)).json()["items"]

@@ -127,6 +127,13 @@ async def test_an_allowed_host_is_served(pg_dsn: str) -> None:
     async with running_service(settings) as svc:
         r = await svc.client.get("/v1/sessions", headers={"Host": "ledger.internal:8765"})
         assert r.status_code == 200
+        # a reverse proxy that rewrites Host: the page's origin is the allowed name
+        r = await svc.client.post(
+            "/v1/sessions",
+            json={"session_id": "s"},
+            headers={"Origin": "https://ledger.internal"},
+        )
+        assert r.status_code == 201
 
 
 async def test_the_audit_forms_refuse_another_sites_post(pg_dsn: str) -> None:
@@ -151,7 +158,7 @@ async def test_html_pages_carry_the_security_headers(pg_dsn: str) -> None:
         csp = r.headers["content-security-policy"]
         assert "frame-ancestors 'none'" in csp and "default-src 'self'" in csp
         assert r.headers["x-content-type-options"] == "nosniff"
-        assert r.headers["referrer-policy"] == "no-referrer"
+        assert r.headers["referrer-policy"] == "same-origin"
 
 
 # -- size, nesting, session ids -------------------------------------------------------------

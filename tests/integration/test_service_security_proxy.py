@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from contextledger.errors import ConfigError
+from contextledger.http.app import create_app
 from contextledger.http.settings import Fallback, Settings
 from tests.fakellm import FakeLLM, ok, running_fake_llm
 from tests.integration.service_support import proxy_service, running_service
@@ -83,7 +85,9 @@ async def test_the_operator_may_allow_more_fields_but_never_a_control_argument(
     pg_dsn: str, fake: FakeLLM, attacker: FakeLLM, relay: bool
 ) -> None:
     fake.script("m", [ok("fine")])
-    async with proxy_service(pg_dsn, fake, relay, proxy_parameters=("top_k", "api_base")) as svc:
+    with pytest.raises(ConfigError, match="api_base"):  # said at the start
+        create_app(Settings(dsn=pg_dsn, proxy_parameters=("top_k", "api_base")))
+    async with proxy_service(pg_dsn, fake, relay, proxy_parameters=("top_k",)) as svc:
         r = await post(svc, "s", chat("s", api_base=attacker.base_url))
         assert r.status_code == 422 and r.json()["fields"] == ["api_base"]
         r = await post(svc, "s", chat("s", top_k=3, temperature=0.5))

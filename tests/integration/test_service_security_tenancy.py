@@ -94,6 +94,7 @@ async def test_a_member_of_the_tables_owner_is_refused(pg_dsn: str, temp_role: s
 async def test_behind_a_pooler_the_tenant_lives_in_each_transaction(pg_dsn: str) -> None:
     """``pgbouncer``: between transactions the connection carries no tenant, so a pooler
     that lends the server connection to someone else lends no tenant with it."""
+    await new_key(pg_dsn, "alpha")  # tenants exist: an unset tenant is no longer 'local'
     login = with_user(asyncpg_dsn(pg_dsn), ROLE)
     ledger = await Ledger.open(login, tenant="alpha", pgbouncer=True)
     try:
@@ -129,6 +130,19 @@ async def test_the_tenant_is_no_startup_parameter(pg_dsn: str) -> None:
             assert await conn.fetchval(setting) in (None, "")
     finally:
         await ledger.close()
+
+
+async def test_before_any_key_an_unset_tenant_is_the_local_one(pg_dsn: str) -> None:
+    """An application role using the library without tenants (no key exists) keeps the
+    local tenant, as before; the first key ends that (below)."""
+    conn = await asyncpg.connect(with_user(asyncpg_dsn(pg_dsn), ROLE))
+    try:
+        assert await conn.fetchval("SELECT contextledger.current_tenant()") == "local"
+        await new_key(pg_dsn, "alpha")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="not set"):
+            await conn.fetchval("SELECT contextledger.current_tenant()")
+    finally:
+        await conn.close()
 
 
 async def test_an_unset_tenant_fails_closed_for_the_service_role(pg_dsn: str) -> None:

@@ -12,13 +12,14 @@ import structlog
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from contextledger.errors import ConfigError
 from contextledger.http import audit, ops, problems, proxy, rest
 from contextledger.http.guard import Guard
 from contextledger.http.lane import Lane
 from contextledger.http.metrics import Metrics
 from contextledger.http.settings import Settings
 from contextledger.http.tenancy import Tenants
-from contextledger.http.upstream import Relay
+from contextledger.http.upstream import CONTROL, Relay
 
 access_log = structlog.get_logger("contextledger.access")
 VERSION = "0.1.0"
@@ -78,6 +79,12 @@ class AccessLog:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
+    control = sorted(set(settings.proxy_parameters) & CONTROL)
+    if control:  # refused per request anyway; said once, at the start, for the operator
+        raise ConfigError(
+            f"proxy_parameters cannot allow litellm's control arguments: {', '.join(control)}",
+            key="proxy_parameters",
+        )
     tenants = Tenants(settings)
     metrics = Metrics(tenants.pool_stats)
     tenants.on_session.append(metrics.watch)

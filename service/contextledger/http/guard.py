@@ -53,7 +53,7 @@ SECURITY_HEADERS = (
         b"object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
     ),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
 )
 
@@ -75,7 +75,8 @@ class Guard:
         self.app = app
         self.cap = settings.max_body_bytes
         self.local = settings.local_only
-        self.hosts = LOOPBACK_HOSTS | {h.lower() for h in settings.allowed_hosts}
+        self.named = frozenset(h.lower() for h in settings.allowed_hosts)
+        self.hosts = LOOPBACK_HOSTS | self.named
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -137,6 +138,16 @@ class Guard:
                 raise
             await _too_large(cap)(scope, receive, send)
 
+    def _same_origin(self, origin: str, host: str) -> bool:
+        """The page that sent it is the service's own: its origin names the host the
+        request came to, or one the operator named (``allowed_hosts``: a reverse proxy
+        that rewrites ``Host``)."""
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            return False  # "null" (a sandboxed frame, a file: page) and the like
+        netloc = parts.netloc.lower()
+        return netloc == host.strip().lower() or host_of(netloc) in self.named
+
     def _refusal(self, scope: Scope, headers: Mapping[bytes, bytes]) -> Any:
         host = headers.get(b"host", b"").decode("latin-1")
         if self.local and host_of(host) not in self.hosts:
@@ -160,8 +171,12 @@ class Guard:
         fetch_site = headers.get(b"sec-fetch-site", b"").decode("latin-1").lower()
         origin = headers.get(b"origin")
         form = scope["path"] in FORM_PATHS
-        if fetch_site in ("cross-site", "same-site") or (
-            origin is not None and not _same_origin(origin.decode("latin-1"), host, scope)
+        # Sec-Fetch-Site, where a browser sends it, is its own word (no page can set it);
+        # else the Origin must be ours
+        if fetch_site in ("cross-site", "same-site", "none") or (
+            fetch_site != "same-origin"
+            and origin is not None
+            and not self._same_origin(origin.decode("latin-1"), host)
         ):
             return problem(403, "CROSS_SITE", "a request from another site is refused")
         if form:
@@ -195,13 +210,6 @@ def _replay(consumed: list[Message], receive: Receive) -> Receive:
         return await receive()
 
     return replayed
-
-
-def _same_origin(origin: str, host: str, scope: Scope) -> bool:
-    parts = urlsplit(origin)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        return False  # "null" (a sandboxed frame, a file: page) and the like
-    return parts.netloc.lower() == host.strip().lower()
 
 
 def _too_large(cap: int) -> Any:
