@@ -221,7 +221,6 @@ def _too_large(cap: int) -> Any:
     )
 
 
-#: (section, field) of a posted config that name an endpoint or a key.
 def check_posted_config(raw: Mapping[str, Any] | None, settings: Settings) -> None:
     """Refuse (``ConfigError``: 422) a config from HTTP that names a key, or an endpoint
     the operator did not allow (``config_api_bases``). Checked on the config as posted,
