@@ -33,7 +33,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -90,9 +91,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_service(dsn: str, port: int, upstream: str) -> subprocess.Popen[bytes]:
+def start_service(
+    dsn: str, port: int, upstream: str, *, workers: int = 1, pgbouncer: bool = False
+) -> subprocess.Popen[bytes]:
     env = dict(
         os.environ,
+        CONTEXTLEDGER_WORKERS=str(workers),
+        CONTEXTLEDGER_PGBOUNCER="1" if pgbouncer else "0",
+        CONTEXTLEDGER_MIGRATE="0" if pgbouncer else "1",  # migrated here, directly
         CONTEXTLEDGER_DSN=dsn,
         CONTEXTLEDGER_PORT=str(port),
         CONTEXTLEDGER_UPSTREAM_API_BASE=upstream,
@@ -343,13 +349,20 @@ def report(rows: list[dict[str, Any]], proxy: dict[str, float] | None, total: in
     return "\n".join(out)
 
 
-async def main_async(args: argparse.Namespace, dsn: str) -> None:
+async def main_async(args: argparse.Namespace, dsn: str, service_dsn: str | None = None) -> None:
+    """``service_dsn``: where the service connects (PgBouncer), when not ``dsn``."""
     async with Ledger.open(dsn, migrate=True):
         pass
     with running_fake_llm() as fake:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        proc = start_service(dsn, port, fake.base_url)
+        proc = start_service(
+            service_dsn or dsn,
+            port,
+            fake.base_url,
+            workers=args.workers,
+            pgbouncer=service_dsn is not None,
+        )
         try:
             await wait_ready(url, proc)
             progress("service ready")
@@ -363,7 +376,8 @@ async def main_async(args: argparse.Namespace, dsn: str) -> None:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    print(f"(load from {args.client} clients)\n")
+    behind = ", through PgBouncer (transaction mode)" if service_dsn else ""
+    print(f"(load from {args.client} clients; {args.workers} service process(es){behind})\n")
     print(report(rows, proxy, args.appends))
 
 
@@ -374,13 +388,39 @@ def main() -> None:
     parser.add_argument("--proxy-calls", type=int, default=200)
     parser.add_argument("--client", choices=["wire", "aiohttp", "httpx"], default="wire")
     parser.add_argument("--only", choices=["appends", "proxy"], help="run one part only")
+    parser.add_argument("--workers", type=int, default=1, help="service processes")
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="the service through Debian's pgbouncer in transaction mode (embedded server)",
+    )
     args = parser.parse_args()
     install_sigterm_handler()
-    if args.dsn:
+    if args.pgbouncer:
+        with embedded_server() as dsn, behind_pgbouncer(dsn) as service_dsn:
+            asyncio.run(main_async(args, dsn, service_dsn))
+    elif args.dsn:
         asyncio.run(main_async(args, args.dsn))
     else:
         with embedded_server() as dsn:
             asyncio.run(main_async(args, dsn))
+
+
+@contextmanager
+def behind_pgbouncer(dsn: str) -> Iterator[str]:
+    """PgBouncer (tests/integration/pgbouncer.py) in front of the embedded server at
+    ``dsn``: the DSN through it, as the same user."""
+    from urllib.parse import parse_qs
+
+    from tests.integration.pgbouncer import running_pgbouncer
+
+    parts = urlsplit(dsn)
+    query = parse_qs(parts.query)
+    host = query.get("host", [parts.hostname or "127.0.0.1"])[0]
+    port = int(query.get("port", [parts.port or 5432])[0])
+    user = parts.username or "postgres"
+    with running_pgbouncer(host, port, [user, "contextledger_service"], pool_size=8) as bouncer:
+        yield bouncer.dsn(user, parts.path.lstrip("/"))
 
 
 if __name__ == "__main__":

@@ -97,6 +97,7 @@ class Ledger:
         tenant: str | None = None,
         role: str | None = None,
         retry_appends: RetryPolicy | None = None,
+        pgbouncer: bool = False,
     ) -> _Opener:
         """Open a ledger on ``dsn`` (``postgresql://…`` or ``memory://``); without one,
         on ``$CONTEXTLEDGER_DSN``; without that, on the embedded PostgreSQL under
@@ -113,8 +114,12 @@ class Ledger:
         the service passes both, embedded use needs neither. ``pool_size`` connections
         serve appends and reads; live recall searches open up to half as many more, as
         they are needed (they run with their own settings, see ``PostgresStore.search``).
+        ``pgbouncer``: the DSN reaches PostgreSQL through PgBouncer in transaction mode
+        (asyncpg's statement cache off, no startup parameters: ``PostgresStore.connect``).
         """
-        return _Opener(cls, dsn, home, migrate, config, pool_size, tenant, role, retry_appends)
+        return _Opener(
+            cls, dsn, home, migrate, config, pool_size, tenant, role, retry_appends, pgbouncer
+        )
 
     @classmethod
     async def _open(
@@ -127,6 +132,7 @@ class Ledger:
         tenant: str | None = None,
         role: str | None = None,
         retry_appends: RetryPolicy | None = None,
+        pgbouncer: bool = False,
     ) -> Ledger:
         if retry_appends is not None and not isinstance(retry_appends, RetryPolicy):
             raise InvalidArgument("retry_appends must be a RetryPolicy", field="retry_appends")
@@ -160,7 +166,7 @@ class Ledger:
             dsn = target.dsn
         head = await asyncio.to_thread(migrations.head_revision)
         store = await postgres.PostgresStore.connect(
-            dsn, max_size=pool_size, tenant=tenant, role=role
+            dsn, max_size=pool_size, tenant=tenant, role=role, pgbouncer=pgbouncer
         )
         try:
             if migrate and await store.schema_revision() != head:

@@ -83,9 +83,9 @@ async def _check_page(svc: Running, browser: Browser, seen: list[list[dict[str, 
 async def test_with_keys_the_page_asks_for_one_and_shows_that_tenants_sessions(
     pg_dsn: str, browser: Browser
 ) -> None:
-    async with Ledger.open(pg_dsn, tenant="acme") as ledger:
+    async with Ledger.open(pg_dsn, tenant="acme", role="contextledger_service") as ledger:
         await (await ledger.session("acme-work")).add_message({"role": "user", "content": "hi"})
-    async with Ledger.open(pg_dsn, tenant="other") as ledger:
+    async with Ledger.open(pg_dsn, tenant="other", role="contextledger_service") as ledger:
         await (await ledger.session("other-secret")).add_message({"role": "user", "content": "x"})
     key = await new_key(pg_dsn, "acme")
     settings = Settings(dsn=pg_dsn, migrate=False, key_cache_seconds=0)

@@ -153,7 +153,9 @@ async def test_proxy_through_the_lane_is_logged_counted_and_problems_stay(
                     "/v1/chat/completions", json=body, headers={"X-Session-Id": "p"}
                 )
                 not_json = await c.post(
-                    "/v1/chat/completions", content=b"{", headers={"X-Session-Id": "p"}
+                    "/v1/chat/completions",
+                    content=b"{",
+                    headers={"X-Session-Id": "p", "Content-Type": "application/json"},
                 )
                 no_session = await c.post("/v1/chat/completions", json=body)
             assert good.status_code == 200 and good.json()["choices"][0]["message"]["content"]

@@ -69,7 +69,13 @@ async def test_the_relay_passes_the_upstreams_json_and_the_clients_fields(
 
     fake.script("real-name", [answer])
     tools: Any = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    async with service(pg_dsn, fake, True, model_map={"alias": "hosted_vllm/real-name"}) as svc:
+    async with service(
+        pg_dsn,
+        fake,
+        True,
+        model_map={"alias": "hosted_vllm/real-name"},
+        proxy_parameters=("top_k", "custom"),  # the operator's own extra fields
+    ) as svc:
         before = prompt_tokens((await svc.client.get("/metrics")).text)
         raw = await client(svc, "as-is").chat.completions.with_raw_response.create(
             model="alias",
@@ -107,7 +113,8 @@ async def test_a_provider_the_relay_does_not_speak_goes_through_litellm(
 ) -> None:
     # ``openai/`` with an api_base is relayed; a model litellm knows no provider for is
     # not, and litellm's own error says so (the relay never tried it)
-    async with service(pg_dsn, fake, True, model_map={"other": "nosuchprovider/x"}) as svc:
+    mapped = {"other": "nosuchprovider/x", "openai/m": "openai/m"}
+    async with service(pg_dsn, fake, True, model_map=mapped) as svc:
         with pytest.raises(openai.APIStatusError):
             await client(svc, "other").chat.completions.create(
                 model="other", messages=[{"role": "user", "content": "x"}]

@@ -117,13 +117,15 @@ async def test_row_level_security_itself_keeps_tenants_apart(svc: Running, pg_ds
     unset = await _as_service(pg_dsn, None)
     try:
         assert await own.fetchval("SELECT count(*) FROM contextledger.events") == 2
-        for conn in (other, unset):  # a hand-made query with the wrong (or no) setting
-            for table in tables:
-                assert await conn.fetchval(f"SELECT count(*) FROM contextledger.{table}") == 0
-            moved = await conn.execute(
-                "UPDATE contextledger.sessions SET head = head + 1 WHERE session_id = 's'"
-            )
-            assert moved == "UPDATE 0"
+        for table in tables:  # a hand-made query with the wrong setting
+            assert await other.fetchval(f"SELECT count(*) FROM contextledger.{table}") == 0
+        moved = await other.execute(
+            "UPDATE contextledger.sessions SET head = head + 1 WHERE session_id = 's'"
+        )
+        assert moved == "UPDATE 0"
+        for table in tables:  # and with none: refused, not the 'local' tenant (0011)
+            with pytest.raises(asyncpg.InsufficientPrivilegeError, match="not set"):
+                await unset.fetchval(f"SELECT count(*) FROM contextledger.{table}")
         with pytest.raises(asyncpg.InsufficientPrivilegeError):  # WITH CHECK: no planting rows
             await other.execute(
                 "INSERT INTO contextledger.sessions (session_id, last_hash, tenant_id)"

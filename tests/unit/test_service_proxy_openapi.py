@@ -18,7 +18,7 @@ def test_the_document_declares_the_body_and_the_session_header() -> None:
     assert body["required"] is True
     schema = body["content"]["application/json"]["schema"]
     assert schema["required"] == ["model", "messages"]
-    assert schema["additionalProperties"] is True  # other fields go to the upstream
+    assert schema["additionalProperties"] is False  # only the allow-listed parameters
     assert {"model", "messages", "user", "stream"} <= set(schema["properties"])
     assert "user" in schema["properties"]["messages"]["items"]["properties"]["role"]["enum"]
 

@@ -12,12 +12,14 @@ import structlog
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from contextledger.errors import ConfigError
 from contextledger.http import audit, ops, problems, proxy, rest
+from contextledger.http.guard import Guard
 from contextledger.http.lane import Lane
 from contextledger.http.metrics import Metrics
 from contextledger.http.settings import Settings
 from contextledger.http.tenancy import Tenants
-from contextledger.http.upstream import Relay
+from contextledger.http.upstream import CONTROL, Relay
 
 access_log = structlog.get_logger("contextledger.access")
 VERSION = "0.1.0"
@@ -77,6 +79,12 @@ class AccessLog:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
+    control = sorted(set(settings.proxy_parameters) & CONTROL)
+    if control:  # refused per request anyway; said once, at the start, for the operator
+        raise ConfigError(
+            f"proxy_parameters cannot allow litellm's control arguments: {', '.join(control)}",
+            key="proxy_parameters",
+        )
     tenants = Tenants(settings)
     metrics = Metrics(tenants.pool_stats)
     tenants.on_session.append(metrics.watch)
@@ -108,6 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.relay = relay
     app.state.stopping = asyncio.Event()
+    app.state.tails = {}  # tenant -> event streams open (rest.event_stream)
     problems.install(app)
     app.include_router(rest.router)
     app.include_router(proxy.router)
@@ -115,5 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(audit.router)
     app.mount("/static", StaticFiles(directory=audit.STATIC), name="static")
     app.add_middleware(Lane)  # inside AccessLog: its requests are logged and counted
+    # before the lane and every route: size, media type, same-site, Host (http/guard.py)
+    app.add_middleware(Guard, settings=settings)
     app.add_middleware(AccessLog, metrics=metrics)
     return app

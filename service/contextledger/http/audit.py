@@ -130,7 +130,8 @@ async def sign_in(
     this site's own pages, never readable by script, never sent by another site's form."""
     tenants = tenants_of(request)
     tenant = await tenants.keys.tenant_of(key.strip()) if tenants.keys else None
-    target = next if next.startswith("/") and not next.startswith("//") else "/"
+    local = next.startswith("/") and not next.startswith(("//", "/\\")) and "\\" not in next
+    target = next if local else "/"  # never another site ("/\\evil" is one to browsers)
     if tenant is None:
         return _sign_in(target, "That key is not valid (or was revoked).")
     done = RedirectResponse(target, status_code=303)

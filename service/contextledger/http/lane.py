@@ -121,7 +121,7 @@ def accepted(headers: Headers, body: bytes) -> rest.MessageAppend | None:
         return None
     try:
         data = json.loads(body)  # what starlette's Request.json() does
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hmac
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+
+from contextledger.http.problems import Problem
 
 router = APIRouter(tags=["operations"])
 
@@ -29,4 +33,19 @@ async def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics", response_model=None)
 async def metrics(request: Request) -> Response:
+    """Prometheus metrics: with ``metrics_token`` set, for its bearer only; without one,
+    only from a service bound to loopback (the metrics name every tenant)."""
+    settings = request.app.state.settings
+    token = settings.metrics_token
+    if token:
+        auth = request.headers.get("authorization", "")
+        given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise Problem(401, "UNAUTHORIZED", "/metrics needs the metrics token (metrics_token)")
+    elif not settings.local_only:
+        raise Problem(
+            403,
+            "METRICS_TOKEN_REQUIRED",
+            "set metrics_token to serve /metrics from a service bound beyond loopback",
+        )
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -67,8 +67,31 @@ def _jsonable(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool | list | dict)
 
 
+#: Failures of the database (or of what it holds), not of the request: the client gets
+#: a 503 and a generic detail; what failed, with its host, user, SQL state or DSN, goes
+#: to the log only.
+DATABASE_FAILURES: tuple[type[e.ContextLedgerError], ...] = (
+    e.LedgerUnavailable,
+    e.LedgerRefused,
+    e.MigrationRequired,
+    e.LedgerClosed,
+    e.EventDecodeError,
+)
+
+
 async def ledger_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, e.ContextLedgerError)
+    if isinstance(exc, DATABASE_FAILURES):
+        import structlog
+
+        structlog.get_logger(__name__).error(
+            "database_failure", path=request.url.path, code=exc.code, error=str(exc)
+        )
+        return problem(
+            503,
+            exc.code,
+            "the database is unavailable or failed; retry shortly (the service log says why)",
+        )
     return problem(status_of(exc), exc.code, str(exc.args[0]), **exc.details)
 
 
@@ -102,6 +125,11 @@ async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     return problem(500, "INTERNAL_ERROR", "an unexpected error; see the service log")
 
 
+async def too_deep(request: Request, exc: Exception) -> JSONResponse:
+    """JSON nested past the parser's depth (``RecursionError``): the client's error."""
+    return problem(400, "INVALID_REQUEST", "the body is nested too deeply")
+
+
 Handler = Callable[[Request, Exception], Awaitable[JSONResponse]]
 #: The exceptions rendered as a problem where they are raised (starlette's
 #: ExceptionMiddleware); anything else is ``unexpected_error``'s, outermost.
@@ -110,6 +138,7 @@ HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
     (Problem, own_problem),
     (RequestValidationError, validation_error),
     (StarletteHTTPException, http_error),
+    (RecursionError, too_deep),
 )
 
 

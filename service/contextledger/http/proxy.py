@@ -27,6 +27,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import time
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -296,10 +297,53 @@ def service_setup(litellm: Any) -> None:
     litellm.response_cost_calculator = _no_cost
 
 
+#: What the client is told when the upstream's own words are not passed on: a 401/403
+#: concerns the operator's key, a 5xx or a timeout the operator's infrastructure.
+_UPSTREAM_SAYS = {
+    401: "the upstream refused the service's credentials",
+    403: "the upstream refused the service's credentials",
+    408: "the upstream did not answer in time",
+    429: "the upstream is limiting requests; retry later",
+}
+_ADDRESS = re.compile(
+    r"[a-z][a-z0-9+.-]*://\S+"  # URLs
+    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"  # IPv4, with a port
+    r"|\[[0-9a-f:]+\](?::\d+)?"  # [IPv6]:port
+    r"|\b[a-z0-9.-]+:\d{2,5}\b",  # host:port
+    re.IGNORECASE,
+)
+_LITELLM_PREFIX = re.compile(r"^(?:litellm\.\w+:\s*)?(?:\w+Exception\s*-\s*)?")
+
+
+def upstream_detail(status: int, message: str) -> str:
+    """The upstream's message as the client may see it: for a 4xx that is about the
+    request (a context too long, a bad parameter), its first line without addresses or
+    litellm's prefixes; otherwise a generic line. The whole message goes to the log."""
+    if status in _UPSTREAM_SAYS:
+        return _UPSTREAM_SAYS[status]
+    if status >= 500:
+        return f"the upstream failed ({status})"
+    start = message.find("{")
+    if start >= 0:  # litellm quotes the upstream's JSON body: its own message, if any
+        try:
+            error = json.loads(message[start:]).get("error")
+        except (ValueError, AttributeError):
+            error = None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            message = error["message"]
+        elif isinstance(error, str):
+            message = error
+    line = (message.strip().replace("\\n", "\n").splitlines() or [""])[0]
+    line = _ADDRESS.sub("<address>", _LITELLM_PREFIX.sub("", line)).strip()
+    return line[:300] or f"the upstream refused the request ({status})"
+
+
 def _upstream_problem(exc: Exception) -> Problem:
     status = getattr(exc, "status_code", None)
     status = status if isinstance(status, int) and 400 <= status < 600 else 502
-    message = str(getattr(exc, "message", None) or exc)
+    raw = str(getattr(exc, "message", None) or exc)
+    log.warning("upstream_error", status=status, error=raw[:4000], kind=type(exc).__name__)
+    message = upstream_detail(status, raw)
     return Problem(
         status,
         "UPSTREAM_ERROR",
@@ -308,6 +352,8 @@ def _upstream_problem(exc: Exception) -> Problem:
     )
 
 
+#: The fields the document describes one by one; the other parameters by name only.
+_NAMED = frozenset({"model", "messages", "user", "stream", "stream_options"})
 #: The route reads and checks its own body (http/lane.py calls it directly): what it
 #: takes is declared for the OpenAPI document only, and FastAPI parses nothing.
 DOCUMENTED: dict[str, Any] = {
@@ -326,17 +372,26 @@ DOCUMENTED: dict[str, Any] = {
             "application/json": {
                 "schema": {
                     "title": "ChatCompletionRequest",
-                    "description": "OpenAI's chat completion request. Fields not named here "
-                    "(tools, temperature, ...) go to the upstream as they are.",
+                    "description": "OpenAI's chat completion request. Its other "
+                    "parameters (" + ", ".join(sorted(upstream.PARAMETERS - _NAMED)) + ") "
+                    "go to the upstream as they are; any other field (litellm's api_base, "
+                    "api_key, mock_response, ...) is refused (422 UNSUPPORTED_PARAMETER), "
+                    "unless the operator allows it (proxy_parameters).",
                     "type": "object",
                     "required": ["model", "messages"],
-                    "additionalProperties": True,
+                    "additionalProperties": False,
+                    "patternProperties": {
+                        "^(" + "|".join(sorted(upstream.PARAMETERS - _NAMED)) + ")$": {}
+                    },
                     "properties": {
                         "model": {
                             "type": "string",
                             "minLength": 1,
                             "maxLength": 200,
-                            "description": "The client's model name (mapped by model_map).",
+                            "description": "A model this service is configured for: a "
+                            "model_map name, or (with an upstream_api_base) a plain name or one "
+                            "with the upstream's provider prefix, or a fallback's name "
+                            "(422 MODEL_NOT_ALLOWED otherwise).",
                         },
                         "messages": {
                             "type": "array",
@@ -394,8 +449,26 @@ async def chat_completions(request: Request) -> Response:
     if not isinstance(body, dict):
         raise Problem(422, "INVALID_REQUEST", "the body must be a JSON object")
     model, sent = body.get("model"), body.get("messages")
+    refused = upstream.check_parameters(settings, body)
+    if refused:  # checked before anything is appended or sent
+        raise Problem(
+            422,
+            "UNSUPPORTED_PARAMETER",
+            f"the proxy does not forward {', '.join(map(repr, refused))}: send only OpenAI "
+            "chat-completion parameters",
+            fields=refused,
+        )
     if not isinstance(model, str) or not model or len(model) > 200:
         raise Problem(422, "INVALID_REQUEST", "'model' must be a non-empty string")
+    try:
+        target_model = upstream.target_model(settings, model)
+    except upstream.ModelNotAllowed:
+        raise Problem(
+            422,
+            "MODEL_NOT_ALLOWED",
+            f"model {model!r} is not one this service is configured for",
+            field="model",
+        ) from None
     if not isinstance(sent, list) or not sent or not all(isinstance(m, dict) for m in sent):
         raise Problem(422, "INVALID_REQUEST", "'messages' must be a non-empty list of objects")
     session_id = request.headers.get("x-session-id") or body.get("user")
@@ -403,6 +476,8 @@ async def chat_completions(request: Request) -> Response:
         raise Problem(
             422, "MISSING_SESSION", "name the session with X-Session-Id (or the 'user' field)"
         )
+    if "/" in session_id:  # one path segment of every session route, or unreachable
+        raise Problem(422, "INVALID_SESSION_ID", "a session id cannot contain '/'")
     started = time.perf_counter()
     session = await _session(tenants, tenant, session_id, model, sent)
     k, stored = await _common_prefix(session, sent)
@@ -426,7 +501,6 @@ async def chat_completions(request: Request) -> Response:
     # The branch now holds exactly what was sent (appended to, or rewritten to it): the
     # reply's place is right after, where the client's resend will carry it.
     position = len(sent) if not retry else -1
-    target_model = upstream.target_model(settings, model)
     key = upstream.upstream_key(settings, _client_key(request))
     extra = {k: v for k, v in body.items() if k not in OWN_FIELDS}
     stream = bool(body.get("stream"))
@@ -438,7 +512,16 @@ async def chat_completions(request: Request) -> Response:
             sent=len(outgoing),
             overhead_ms=round((time.perf_counter() - started) * 1000, 2),
         )
-    record = _Recorder(tenants, tenant, session_id, session, position, metrics, target_model)
+    record = _Recorder(
+        tenants,
+        tenant,
+        session_id,
+        session,
+        position,
+        metrics,
+        target_model,
+        upstream.label_names(settings, target_model),
+    )
     target = upstream.relay_target(settings, target_model, key)
     skip = 0
     if target is not None:
@@ -557,6 +640,7 @@ class _Recorder:
     position: int
     metrics: Any
     model: str  # the model asked for: the usage's label when the answer names none
+    labels: frozenset[str] = frozenset()  # the models that may label usage (configured)
 
     def count(self, usage: Any, answered_by: Any) -> None:
         """Count the reply's tokens: by kind (``contextledger_proxy_tokens``) and by
@@ -565,7 +649,9 @@ class _Recorder:
         a message carries no metadata to hold it.)"""
         if not isinstance(usage, Mapping):
             return
-        model = answered_by if isinstance(answered_by, str) and answered_by else self.model
+        # the label set stays bounded: the model asked for, or one the operator configured
+        # (a fallback that answered); never a name the upstream made up
+        model = answered_by if answered_by in self.labels else self.model
         for kind in ("prompt", "completion"):
             value = usage.get(kind + "_tokens")
             if isinstance(value, int) and value > 0:

@@ -21,7 +21,8 @@ from contextledger import Checkpoint, Event, Session, SessionInfo, VerifyReport
 from contextledger.core.messages import validate_message
 from contextledger.core.shapes import shape_of
 from contextledger.errors import ContextLedgerError, InvalidArgument, SessionExists, SessionNotFound
-from contextledger.http.auth import current_tenant
+from contextledger.http.auth import current_tenant, tenant_for
+from contextledger.http.guard import check_posted_config
 from contextledger.http.problems import Problem
 from contextledger.http.tenancy import Tenants
 from contextledger.provider_shapes import render
@@ -33,11 +34,17 @@ MAX_BATCH = 1000
 IDEMPOTENCY_KEY_MAX = 200
 IF_MATCH_MAX = 40
 SSE_POLL_S = 0.25
+#: How often an event stream checks that its key still holds (a revoked key ends it).
+SSE_KEY_CHECK_S = 5.0
+
+
+#: A session id is one path segment of every session route: "/" would make it unreachable.
+SESSION_ID_PATTERN = r"^[^/]+$"
 
 
 class SessionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    session_id: str = Field(min_length=1, max_length=200)
+    session_id: str = Field(min_length=1, max_length=200, pattern=SESSION_ID_PATTERN)
     model: str | None = Field(default=None, min_length=1, max_length=200)
     config: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
@@ -156,6 +163,7 @@ def _after(cursor: str) -> tuple[datetime, str]:
 @router.post("", status_code=201)
 async def create_session(body: SessionCreate, request: Request, tenant: Tenant) -> dict[str, Any]:
     tenants = tenants_of(request)
+    check_posted_config(body.config, request.app.state.settings)
     ledger = await tenants.ledger(tenant)
     try:
         await ledger.session(body.session_id, create=False)
@@ -418,11 +426,52 @@ async def event_stream(
             raise InvalidArgument("Last-Event-ID must be an event's seq", field="Last-Event-ID")
         start = int(last_event_id) + 1
     stopping: asyncio.Event = request.app.state.stopping
+    tails: dict[str, int] = request.app.state.tails
+    cap = request.app.state.settings.sse_tails_per_tenant
+    if tails.get(tenant, 0) >= cap:
+        raise Problem(
+            429,
+            "TOO_MANY_STREAMS",
+            f"this tenant already has {cap} event streams open (sse_tails_per_tenant)",
+        )
+    tails[tenant] = tails.get(tenant, 0) + 1
+
+    async def still_allowed() -> bool:
+        """The key that opened the stream still names its tenant (not revoked)."""
+        try:
+            return await tenant_for(request) == tenant
+        except Problem:
+            return False
 
     async def stream() -> AsyncIterator[str]:
+        try:
+            async for chunk in tail():
+                yield chunk
+        finally:
+            tails[tenant] -= 1
+            if not tails[tenant]:
+                del tails[tenant]
+
+    async def tail() -> AsyncIterator[str]:
         cursor = start
         idle = 0.0
+        checked = asyncio.get_running_loop().time()
         while not stopping.is_set() and not await request.is_disconnected():
+            now = asyncio.get_running_loop().time()
+            if now - checked >= SSE_KEY_CHECK_S:
+                checked = now
+                if not await still_allowed():
+                    yield (
+                        "event: error\ndata: "
+                        + json.dumps(
+                            {
+                                "code": "UNAUTHORIZED",
+                                "detail": "the stream's key is no longer valid",
+                            }
+                        )
+                        + "\n\n"
+                    )
+                    return
             sent = False
             async for e in session.events(cursor, cursor + 499):
                 yield f"id: {e.seq}\nevent: {e.type}\ndata: {json.dumps(event_out(e))}\n\n"

@@ -20,8 +20,8 @@ from contextledger.store.dsn import asyncpg_dsn
 GRACE_S = 10
 
 
-async def has_keys(dsn: str) -> bool:
-    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+async def has_keys(dsn: str, *, pgbouncer: bool = False) -> bool:
+    conn = await asyncpg.connect(asyncpg_dsn(dsn), statement_cache_size=0 if pgbouncer else 100)
     try:
         return bool(
             await conn.fetchval(
@@ -55,7 +55,9 @@ async def serve(settings: Settings) -> None:
         home = Path(settings.home) if settings.home else None
         dsn = await asyncio.to_thread(embedded.start, home)
     # memory:// holds no API keys, ever: like a database without any, loopback only
-    if not settings.local_only and (dsn == "memory://" or not await has_keys(dsn)):
+    if not settings.local_only and (
+        dsn == "memory://" or not await has_keys(dsn, pgbouncer=settings.pgbouncer)
+    ):
         raise ConfigError(
             f"no API key exists yet, so the service runs in local mode and binds 127.0.0.1 "
             f"only (asked for {settings.host}). Create one first: contextledger keys create "
@@ -91,6 +93,73 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+#: How the parent hands its settings to worker processes (``worker_app``).
+WORKER_SETTINGS = "CONTEXTLEDGER__WORKER_SETTINGS"
+
+
+def worker_app() -> Any:
+    """The app of one of ``--workers N`` processes (uvicorn's factory, in the child)."""
+    from contextledger.http import proxy
+    from contextledger.log_setup import configure_logging
+
+    proxy.own_process = True
+    settings = Settings.from_json(os.environ[WORKER_SETTINGS])
+    configure_logging(settings.log_format, level="INFO")  # type: ignore[arg-type]
+    return create_app(settings)
+
+
+async def _prepare(settings: Settings) -> Settings:
+    """What the parent of several workers does once: the DSN resolved (the embedded
+    server started), the local-mode check, the migrations (not one per worker, racing)."""
+    dsn = settings.dsn
+    if dsn is None:
+        from contextledger.store import embedded
+
+        home = Path(settings.home) if settings.home else None
+        dsn = await asyncio.to_thread(embedded.start, home)
+    if dsn == "memory://":
+        raise ConfigError(
+            "memory:// is per process: several workers need PostgreSQL", key="workers"
+        )
+    if not settings.local_only and not await has_keys(dsn, pgbouncer=settings.pgbouncer):
+        raise ConfigError(
+            f"no API key exists yet, so the service runs in local mode and binds 127.0.0.1 "
+            f"only (asked for {settings.host}). Create one first: contextledger keys create "
+            "TENANT",
+            key="host",
+        )
+    if settings.migrate:
+        from contextledger.store import migrate
+
+        await migrate.upgrade(dsn)
+    from dataclasses import replace
+
+    return replace(settings, dsn=dsn, migrate=False)
+
+
+def run_workers(settings: Settings) -> None:
+    """``settings.workers`` processes on one socket (uvicorn's supervisor restarts one
+    that dies); every cross-request state is in PostgreSQL, so any worker serves any
+    request."""
+    from uvicorn.supervisors import Multiprocess
+
+    prepared = asyncio.run(_prepare(settings))
+    os.environ[WORKER_SETTINGS] = prepared.to_json()
+    config = uvicorn.Config(
+        "contextledger.http.server:worker_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        access_log=False,
+        log_config=None,
+        timeout_graceful_shutdown=GRACE_S,
+        lifespan="on",
+        loop="uvloop" if loop_factory() is not None else "asyncio",
+    )
+    Multiprocess(config, sockets=[config.bind_socket()]).run()
+
+
 def run(settings: Settings) -> None:
     """``serve`` on a fresh event loop (uvloop when available): ``contextledger serve``.
 
@@ -103,6 +172,11 @@ def run(settings: Settings) -> None:
 
     proxy.own_process = True
     os.environ.setdefault("MAX_BASE64_LENGTH_FOR_LOGGING", "0")
+    if settings.workers < 1:
+        raise ConfigError("workers must be >= 1", key="workers")
+    if settings.workers > 1:
+        run_workers(settings)
+        return
     # Log records without caller, thread and process details, which no renderer of ours
     # prints: the Logging HOWTO's "Optimization" switches (~20% of an access line's cost).
     logging._srcfile = None

@@ -42,6 +42,9 @@ class Settings:
     home: str | None = None
     host: str = _knob("127.0.0.1", "Bind address (beyond loopback only once an API key exists).")
     port: int = _knob(8765, "Port.")
+    workers: int = _knob(
+        1, "Service processes sharing the port (each with its own pools; state is in PostgreSQL)."
+    )
     #: The database role tenant connections log in as (else switch to from the DSN's
     #: user: ``Tenants``); "" keeps the DSN's own user.
     service_role: str = _knob("contextledger_service", "Database role of tenant connections.")
@@ -49,6 +52,11 @@ class Settings:
         None, "The service role's password, where the server asks for one."
     )
     pool_size: int = _knob(4, "Database connections per tenant.")
+    pgbouncer: bool = _knob(
+        False,
+        "The DSN reaches PostgreSQL through PgBouncer in transaction mode: asyncpg's "
+        "statement cache off, no startup parameters, the service role logs in itself.",
+    )
     migrate: bool = _knob(True, "Apply the migrations at start.")
     upstream_api_base: str | None = _knob(
         None, "Where the proxy forwards (an OpenAI-compatible base URL)."
@@ -76,6 +84,11 @@ class Settings:
         "litellm models tried in order when the upstream fails: a,b or JSON "
         '[{"model": …, "api_base": …, "api_key": …}].',
     )
+    proxy_parameters: tuple[str, ...] = _knob(
+        (),
+        "Request fields the proxy forwards besides OpenAI's chat-completion parameters "
+        "(a,b; e.g. top_k for vLLM). litellm's control arguments are never forwarded.",
+    )
     pass_client_key: bool = _knob(
         False, "Forward the client's own Authorization bearer to the upstream."
     )
@@ -83,6 +96,27 @@ class Settings:
     upstream_retries: int = _knob(0, "Retries of a failed upstream call.")
     proxy_token_budget: int | None = _knob(
         None, "Token budget of the request views the proxy sends (default: the model's)."
+    )
+    max_body_bytes: int = _knob(
+        16 * 1024 * 1024, "Largest request body accepted (413 beyond), checked before parsing."
+    )
+    allowed_hosts: tuple[str, ...] = _knob(
+        (),
+        "Host names served besides the loopback ones when bound to loopback (a,b): "
+        "a reverse proxy's name. Anything else is refused (DNS rebinding).",
+    )
+    config_api_bases: tuple[str, ...] = _knob(
+        (),
+        "Endpoints a session config posted over HTTP may name (summarizer.models[].api_base, "
+        "recall.embedding_api_base); none by default. Keys never come from HTTP.",
+    )
+    sse_tails_per_tenant: int = _knob(
+        16, "Event streams (GET …/events/stream) one tenant may hold open at once (429 beyond)."
+    )
+    metrics_token: str | None = _knob(
+        None,
+        "Bearer token /metrics asks for. Without one, /metrics answers only a service bound "
+        "to loopback (it names every tenant).",
     )
     log_format: str | None = None
     key_cache_seconds: float = _knob(
@@ -100,6 +134,34 @@ class Settings:
                 values[f.name] = parse_setting(f.name, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
+
+    def to_json(self) -> str:
+        """Every setting as JSON (``from_json`` reads it back): handed to worker processes."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "fallbacks":
+                value = [
+                    v
+                    if isinstance(v, str)
+                    else {"model": v.model, "api_base": v.api_base, "api_key": v.api_key}
+                    for v in value
+                ]
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
+        return json.dumps(out)
+
+    @classmethod
+    def from_json(cls, raw: str) -> Settings:
+        values = json.loads(raw)
+        values["fallbacks"] = parse_fallbacks(json.dumps(values.get("fallbacks") or []))
+        for f in fields(cls):
+            if isinstance(values.get(f.name), list):
+                values[f.name] = tuple(values[f.name])
+        return cls(**values)
 
     @property
     def local_only(self) -> bool:

@@ -1,8 +1,10 @@
 """One ``Ledger`` per tenant, each on connections scoped to that tenant.
 
-Every tenant ledger's connections carry ``contextledger.tenant`` and act as the
-service role (no BYPASSRLS), so PostgreSQL's row-level security, not only this
-code, keeps tenants apart. Sessions are cached per tenant so an append is one
+Every transaction of a tenant ledger's connections sets ``contextledger.tenant``
+(``store/scoped.py``: per transaction, so PgBouncer's transaction mode keeps it) and
+acts as the service role (no superuser, no BYPASSRLS, no table owner: checked on each
+new connection), so PostgreSQL's row-level security, not only this code, keeps
+tenants apart. Sessions are cached per tenant so an append is one
 round trip, as in the library.
 """
 
@@ -22,6 +24,7 @@ from contextledger.errors import ConfigError
 from contextledger.http.keys import KeyRing
 from contextledger.http.settings import Settings
 from contextledger.store.dsn import asyncpg_dsn, with_user
+from contextledger.store.scoped import check_role
 
 log = structlog.get_logger(__name__)
 LOCAL_TENANT = "local"
@@ -68,12 +71,25 @@ class Tenants:
 
             await migrate.upgrade(dsn)
         self._login = await self._service_login(dsn) if s.service_role else None
-        settings = {"application_name": "contextledger-service"}
+        settings = {} if s.pgbouncer else {"application_name": "contextledger-service"}
         if s.service_role and self._login is None:
+            if s.pgbouncer:
+                raise ConfigError(
+                    f"behind PgBouncer the service must log in as {s.service_role} itself "
+                    "(a role switch is a startup parameter): let it log in (migration 0008, "
+                    "CONTEXTLEDGER_SERVICE_PASSWORD where the server asks for one)",
+                    key="service_role",
+                )
             settings["role"] = s.service_role
         self._pool = await asyncpg.create_pool(
-            self._login or asyncpg_dsn(dsn), min_size=1, max_size=2, server_settings=settings
+            self._login or asyncpg_dsn(dsn),
+            min_size=1,
+            max_size=2,
+            server_settings=settings,
+            statement_cache_size=0 if s.pgbouncer else 100,
         )
+        async with self._pool.acquire() as conn:  # as tenant connections will act
+            await check_role(conn)  # a superuser, BYPASSRLS or owner: refuse to start
         self.keys = KeyRing(self._pool, cache_seconds=s.key_cache_seconds)
         from contextledger.store.migrate import head_revision
 
@@ -88,7 +104,9 @@ class Tenants:
         role = self.settings.service_role
         login = with_user(asyncpg_dsn(dsn), role, self.settings.service_password)
         try:
-            conn = await asyncpg.connect(login, timeout=10)
+            conn = await asyncpg.connect(
+                login, timeout=10, statement_cache_size=0 if self.settings.pgbouncer else 100
+            )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.warning(
                 "service_role_switched",
@@ -150,6 +168,7 @@ class Tenants:
                     pool_size=self.settings.pool_size,
                     tenant=None if self.memory else tenant,
                     role=None if self.memory or self._login else switch,
+                    pgbouncer=self.settings.pgbouncer,
                 )
                 self._ledgers[tenant] = found
                 self._sessions[tenant] = OrderedDict()

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from contextledger.http.settings import Settings
+from contextledger.http.settings import Fallback, Settings
 
 #: litellm providers whose requests go to ``<api_base>/chat/completions`` as they are.
 RELAYED_PROVIDERS = frozenset({"hosted_vllm", "openai"})
@@ -48,14 +48,120 @@ KEEPALIVE_S = 4.0
 USER_AGENT = "contextledger-proxy"
 
 
+#: The OpenAI chat-completion parameters the proxy forwards (besides ``model`` and
+#: ``messages``, which it sets itself). Anything else is refused, not forwarded: litellm
+#: reads its own control arguments (``api_base``, ``base_url``, ``api_key``,
+#: ``mock_response``, ``custom_llm_provider``, ...) from the same keyword arguments, and
+#: one of them in a client's body chose where the operator's key went.
+PARAMETERS = frozenset(
+    {
+        "model",
+        "messages",
+        "temperature",
+        "top_p",
+        "n",
+        "stream",
+        "stop",
+        "max_tokens",
+        "max_completion_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "user",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "seed",
+        "stream_options",
+        "reasoning_effort",
+        "functions",
+        "function_call",
+    }
+)
+#: Names an operator may not add to the allow-list (``proxy_parameters``): litellm's
+#: arguments that choose an endpoint, a key, a provider, a canned answer or headers.
+CONTROL = frozenset(
+    {
+        "api_base",
+        "base_url",
+        "api_key",
+        "api_version",
+        "organization",
+        "custom_llm_provider",
+        "mock_response",
+        "mock_tool_calls",
+        "mock_timeout",
+        "mock_testing_fallbacks",
+        "extra_headers",
+        "headers",
+        "extra_body",
+        "extra_query",
+        "timeout",
+        "num_retries",
+        "max_retries",
+        "fallbacks",
+        "context_window_fallbacks",
+        "model_list",
+        "metadata",
+        "litellm_params",
+        "litellm_metadata",
+        "proxy_server_request",
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_region_name",
+        "vertex_credentials",
+        "vertex_project",
+        "vertex_location",
+        "azure_ad_token",
+        "input_cost_per_token",
+        "output_cost_per_token",
+        "cache",
+        "caching",
+        "no-log",
+    }
+)
+
+
+class ModelNotAllowed(LookupError):
+    """The client named a model the operator did not configure."""
+
+
+def check_parameters(settings: Settings, body: Mapping[str, Any]) -> list[str]:
+    """The body's fields the proxy does not forward, sorted (empty: all allowed)."""
+    extra = settings.proxy_parameters
+    return sorted(k for k in body if k not in PARAMETERS and (k not in extra or k in CONTROL))
+
+
 def target_model(settings: Settings, model: str) -> str:
-    """The litellm model the client's ``model`` maps to (``model_map``, else
-    ``<upstream_provider>/<model>`` when an ``upstream_api_base`` is set)."""
+    """The litellm model the client's ``model`` maps to, or ``ModelNotAllowed``.
+
+    Only what the operator configured: a ``model_map`` key; with an
+    ``upstream_api_base``, a plain name (``<upstream_provider>/<model>``) or a name
+    with the upstream's own provider prefix (both go to that base); a fallback's model
+    by its full name. Any other name with a ``/`` would pick a provider, and its
+    endpoint and key, that nobody configured."""
     target = settings.model_map.get(model)
-    if target is None:
-        plain = settings.upstream_api_base and "/" not in model
-        target = f"{settings.upstream_provider}/{model}" if plain else model
-    return target
+    if target is not None:
+        return target
+    if settings.upstream_api_base:
+        if "/" not in model:
+            return f"{settings.upstream_provider}/{model}"
+        if model.partition("/")[0] == settings.upstream_provider:
+            return model
+    for f in settings.fallbacks:
+        if model == (f if isinstance(f, str) else f.model):
+            return model
+    raise ModelNotAllowed(model)
+
+
+def label_names(settings: Settings, model: str) -> frozenset[str]:
+    """The model names the proxy's usage metric may carry for a request to ``model``:
+    it and the fallbacks, with and without their provider prefix (a bounded set)."""
+    names = {model, *(f if isinstance(f, str) else f.model for f in settings.fallbacks)}
+    return frozenset(names | {n.partition("/")[2] for n in names if "/" in n})
 
 
 def upstream_key(settings: Settings, client_key: str | None) -> str | None:
@@ -95,6 +201,10 @@ def routes(settings: Settings, model: str, key: str | None) -> list[Route]:
     """``model`` at the upstream, then the fallbacks: a name with the upstream's base
     and key, a ``Fallback`` at its own."""
     primary = Route(model, settings.upstream_api_base, key)
+    for f in settings.fallbacks:  # a fallback named by the client: at its own endpoint
+        if isinstance(f, Fallback) and f.model == model and model not in settings.model_map:
+            primary = Route(f.model, f.api_base, f.api_key)
+            break
     out = [primary]
     for f in settings.fallbacks:
         if isinstance(f, str):
@@ -122,6 +232,8 @@ def relay_target(settings: Settings, litellm_model: str, key: str | None) -> Tar
     provider, _, name = litellm_model.partition("/")
     if not settings.upstream_relay or not base or not name or provider not in RELAYED_PROVIDERS:
         return None
+    if routes(settings, litellm_model, key)[0].api_base != base:
+        return None  # a fallback at its own endpoint, named by the client: litellm's
     if key is None:
         key = os.environ.get(PROVIDER_KEY_ENV[provider]) or "none"
     url = base.rstrip("/")

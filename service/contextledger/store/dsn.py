@@ -3,6 +3,7 @@ redaction, and where a ledger's data goes (``resolve_target``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -41,14 +42,25 @@ def sqlalchemy_url(dsn: str) -> str:
     return "postgresql+asyncpg://" + _rest(dsn)
 
 
+#: ``?password=…``/``&sslpassword=…`` in a URL's query, ``password=…`` in libpq's
+#: key=value form (quoted or not).
+_QUERY_SECRET = re.compile(r"([?&](?:ssl)?password=)[^&#]*", re.IGNORECASE)
+_KEYVALUE_SECRET = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
 def redact(dsn: str) -> str:
-    """The DSN with any password replaced, for logs and error messages."""
+    """The DSN with any password replaced, for logs and error messages: in the URL's
+    user info, in its query (``?password=``), or in libpq's key=value form."""
     scheme, sep, rest = dsn.partition("://")
-    if not sep or "@" not in rest:
-        return dsn
-    creds, _, host = rest.rpartition("@")
+    if not sep:
+        return _KEYVALUE_SECRET.sub(r"\1***", dsn)
+    rest = _QUERY_SECRET.sub(r"\1***", rest)
+    netloc, slash, tail = rest.partition("/")
+    if "@" not in netloc:
+        return f"{scheme}://{rest}"
+    creds, _, host = netloc.rpartition("@")
     user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}{':***' if ':' in creds else ''}@{host}"
+    return f"{scheme}://{user}{':***' if ':' in creds else ''}@{host}{slash}{tail}"
 
 
 #: Names the server when ``Ledger.open`` gets no ``dsn`` (the CLI reads it too).

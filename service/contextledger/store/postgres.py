@@ -40,6 +40,7 @@ from contextledger.core.units import is_human_turn, result_ids
 from contextledger.core.view import ORD_STRIDE, ViewItem
 from contextledger.errors import (
     ConcurrencyError,
+    ConfigError,
     IdempotencyConflict,
     InvalidArgument,
     MigrationRequired,
@@ -69,6 +70,7 @@ from contextledger.store.lexical import (
     B,
     read_from,
 )
+from contextledger.store.scoped import TenantConnection, scoped
 
 log = structlog.get_logger(__name__)
 S = "contextledger"
@@ -658,17 +660,48 @@ class PostgresStore(Store):
         max_size: int = 10,
         tenant: str | None = None,
         role: str | None = None,
+        pgbouncer: bool = False,
     ) -> PostgresStore:
-        """``tenant`` sets ``contextledger.tenant`` on every connection (the row-level
-        security key, and the default of every ``tenant_id`` column); ``role`` makes
-        the connections act as that database role (e.g. the service's, without
-        BYPASSRLS). Both are fixed for the connection's life: the pool never resets them.
+        """``tenant`` scopes every transaction to that tenant's rows: ``set_config(
+        'contextledger.tenant', tenant, true)`` at its start (``store/scoped.py``; the
+        row-level security key, and the default of every ``tenant_id`` column), never a
+        startup parameter, and a tenant connection whose role row-level security would
+        not hold (superuser, BYPASSRLS, a member of the tables' owner) is refused.
+        ``role`` makes the connections act as that database role (a startup parameter:
+        not behind PgBouncer, where the DSN logs in as the role itself).
+
+        ``pgbouncer``: the server is reached through PgBouncer in transaction mode:
+        asyncpg's statement cache is off (``statement_cache_size=0``: named prepared
+        statements do not survive a server connection change) and no setting travels
+        as a startup parameter (the search pool's go into each transaction).
         """
-        settings = {"application_name": "contextledger"}
-        if tenant is not None:
-            settings["contextledger.tenant"] = tenant
+        settings: dict[str, str] = {} if pgbouncer else {"application_name": "contextledger"}
         if role is not None:
+            if pgbouncer:
+                raise ConfigError(
+                    "behind PgBouncer the DSN must log in as the role itself: a role switch "
+                    "is a startup parameter PgBouncer refuses",
+                    key="role",
+                )
             settings["role"] = role
+        search_settings = dict(settings)
+        if not pgbouncer:
+            search_settings.update(_SEARCH_CONNECTION, application_name="contextledger-search")
+        options: dict[str, Any] = {"reset": _keep_session}
+        search_options: dict[str, Any] = {"reset": _keep_session}
+        if pgbouncer:
+            options["statement_cache_size"] = search_options["statement_cache_size"] = 0
+        if tenant is not None:
+            options.update(
+                connection_class=TenantConnection,
+                init=scoped(tenant, per_transaction=pgbouncer),
+            )
+            search_options.update(
+                connection_class=TenantConnection,
+                init=scoped(
+                    tenant, _SEARCH_CONNECTION if pgbouncer else None, per_transaction=pgbouncer
+                ),
+            )
         pool = search_pool = None
         try:
             pool = await asyncpg.create_pool(
@@ -676,19 +709,15 @@ class PostgresStore(Store):
                 min_size=min_size,
                 max_size=max_size,
                 server_settings=settings,
-                reset=_keep_session,
+                **options,
             )
             search_pool = await asyncpg.create_pool(  # connects at the first search
                 asyncpg_dsn(dsn),
                 min_size=0,
                 max_size=max(1, max_size // 2),
-                server_settings={
-                    **settings,
-                    **_SEARCH_CONNECTION,
-                    "application_name": "contextledger-search",
-                },
-                reset=_keep_session,
+                server_settings=search_settings,
                 max_inactive_connection_lifetime=30,  # slots go back soon after a burst
+                **search_options,
             )
         except Exception as exc:
             if pool is not None:

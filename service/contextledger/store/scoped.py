@@ -1,0 +1,137 @@
+"""Tenant connections: the tenant set in every transaction, never for the session.
+
+A tenant's rows are the ones row-level security admits for ``contextledger.tenant``
+(migration 0004). That setting used to travel as a startup parameter: PgBouncer in
+transaction mode refuses one it does not track, and with ``ignore_startup_parameters``
+drops it, so the setting was empty and ``current_tenant()`` meant ``'local'``. Here it
+is ``set_config('contextledger.tenant', <tenant>, true)``, local to the transaction, in
+every transaction the connection runs, whichever server connection a pooler lends it:
+
+- a transaction (``conn.transaction()``) starts with ``BEGIN; SELECT set_config(...)``,
+  one simple-protocol round trip, as asyncpg's own ``BEGIN`` was;
+- a statement outside one runs inside ``BEGIN; set_config`` … ``COMMIT`` (two round
+  trips more than it took alone).
+
+``check_role`` refuses a tenant connection whose role would not be held by row-level
+security at all: a superuser, a BYPASSRLS role, or a member of a table's owner (owners
+bypass RLS unless FORCE, and FORCE still exempts superusers and BYPASSRLS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import asyncpg
+
+from contextledger.errors import ConfigError
+
+SCHEMA = "contextledger"
+TENANT_SETTING = "contextledger.tenant"
+
+#: Whether the connection's role is kept apart by row-level security (asked once per
+#: new connection, not per statement).
+PRIVILEGED = f"""
+SELECT r.rolsuper, r.rolbypassrls,
+       EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = '{SCHEMA}' AND c.relkind IN ('r', 'p')
+                  AND pg_has_role(current_user, c.relowner, 'MEMBER')) AS owner
+  FROM pg_roles r WHERE r.rolname = current_user
+"""
+
+
+def literal(value: str) -> str:
+    """``value`` as a PostgreSQL string literal (standard conforming strings)."""
+    if "\x00" in value:
+        raise ConfigError("a tenant cannot contain NUL", key="tenant")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def scope_sql(tenant: str, settings: Mapping[str, str] | None = None) -> str:
+    """The statement that scopes a transaction: the tenant and ``settings``, local."""
+    parts = [f"set_config({literal(TENANT_SETTING)}, {literal(tenant)}, true)"]
+    for name, value in (settings or {}).items():
+        parts.append(f"set_config({literal(name)}, {literal(value)}, true)")
+    return "SELECT " + ", ".join(parts)
+
+
+class TenantConnection(asyncpg.Connection):  # type: ignore[misc]
+    """An asyncpg connection whose every transaction is scoped to one tenant
+    (``scope``, set by ``scoped``; None: a plain connection)."""
+
+    _scope: str | None = None
+
+    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:  # noqa: ASYNC109
+        scope = self._scope
+        if scope is not None and not args and query.startswith("BEGIN"):
+            query = f"{query.rstrip().rstrip(';')}; {scope}"  # asyncpg's transaction()
+        status: str = await super().execute(query, *args, timeout=timeout)
+        return status
+
+    async def _execute(self, query: Any, args: Any, limit: Any, timeout: Any, **kw: Any) -> Any:  # noqa: ASYNC109
+        if self._scope is None or self.is_in_transaction():
+            return await super()._execute(query, args, limit, timeout, **kw)
+        return await self._scoped(super()._execute, query, args, limit, timeout, **kw)
+
+    async def _executemany(self, query: Any, args: Any, timeout: Any, **kw: Any) -> Any:  # noqa: ASYNC109
+        if self._scope is None or self.is_in_transaction():
+            return await super()._executemany(query, args, timeout, **kw)
+        return await self._scoped(super()._executemany, query, args, timeout, **kw)
+
+    async def _scoped(self, call: Any, *args: Any, **kw: Any) -> Any:
+        """``call`` in a transaction of its own that starts scoped."""
+        await self.execute("BEGIN")
+        try:
+            result = await call(*args, **kw)
+        except asyncpg.PostgresError:
+            if self.is_in_transaction() and not self.is_closed():
+                await super().execute("ROLLBACK")
+            raise
+        # anything else (a cancellation, a dropped connection) leaves the connection to
+        # the pool, which rolls back or replaces it
+        await super().execute("COMMIT")
+        return result
+
+
+async def check_role(conn: asyncpg.Connection) -> None:
+    """Refuse (``ConfigError``) a tenant connection that row-level security would not
+    hold: whichever way it was made (logged in as the role, or switched to it)."""
+    row = await conn.fetchrow(PRIVILEGED)
+    if row is None:
+        raise ConfigError("cannot read the tenant connection's role", key="service_role")
+    if row["rolsuper"] or row["rolbypassrls"] or row["owner"]:
+        why = (
+            "a superuser"
+            if row["rolsuper"]
+            else "BYPASSRLS"
+            if row["rolbypassrls"]
+            else "a member of the tables' owner"
+        )
+        user = await conn.fetchval("SELECT current_user")
+        raise ConfigError(
+            f"tenant connections act as {user!r}, which is {why}: row-level security would "
+            "not keep tenants apart. Use a role without those (contextledger_service).",
+            key="service_role",
+        )
+
+
+def scoped(
+    tenant: str, settings: Mapping[str, str] | None = None, *, per_transaction: bool = True
+) -> Any:
+    """A pool ``init`` callback: the connection checked (``check_role``), then scoped:
+    every transaction (``per_transaction``: behind a transaction-mode pooler, where the
+    server connection changes between transactions), or once for the connection's
+    session (a direct connection is its server session: the same scope, without two
+    more round trips per lone statement). Either way by ``set_config`` after the
+    connection is made, never a startup parameter, and checked before."""
+    scope = scope_sql(tenant, settings)
+
+    async def init(conn: asyncpg.Connection) -> None:
+        await check_role(conn)  # before the scope: a plain statement
+        assert isinstance(conn, TenantConnection)
+        if per_transaction:
+            conn._scope = scope
+        else:
+            await conn.execute(scope.replace(", true)", ", false)"))
+
+    return init
