@@ -15,10 +15,14 @@
   every step and cannot shape what the model sees; the hooks store only what is new
   and fit the prompt, and the ledger brings its own checkpoints and rollback.
 
-The sync methods run on a loop thread of their own with their own connection pool
-(from ``dsn=``, or the ``dsn`` of the ``ledger=`` given; a ``memory://`` ledger is
-shared), so they work from plain sync code and from inside a running event loop (which
-waits for them, as for any sync call: prefer the ``a*`` methods there), on every store.
+Where the work runs: with ``dsn=``, every call (sync and async) runs on a loop thread of
+the adapter's own, where the ledger is opened, so the caller's loop never blocks opening
+a pool and any thread or loop may call (``asyncio.run`` after ``asyncio.run``
+included). With ``ledger=``, the async methods run on the caller's loop (the ledger's)
+and the sync ones on that loop thread with a pool of its own (on the ``dsn`` of the
+ledger given; a ``memory://`` ledger is shared). The sync methods work from plain sync
+code and from inside a running event loop (which waits for them, as for any sync call:
+prefer the ``a*`` methods there), on every store.
 """
 
 from __future__ import annotations
@@ -165,62 +169,89 @@ def _checked(messages: Any) -> list[dict[str, Any]]:
 
 
 class _Ledgers:
-    """The ledger for the caller's loop (given or opened from ``dsn``) and the sync
-    bridge: a loop thread of its own where the sync methods run, with a pool of its own
-    on a PostgreSQL dsn (a ``memory://`` ledger is one in-process store, shared by both);
-    closes only what it opened."""
+    """Where the ledger work runs. With ``dsn=``: everything (sync and async) on a loop
+    thread of its own, where the ledger is opened, so the caller's loop never opens a
+    pool (blocking file and socket calls) and any loop, thread or plain sync code may
+    call. With ``ledger=``: the async methods on the caller's loop (the ledger's), the
+    sync ones on that loop thread with a pool of its own on the ledger's PostgreSQL dsn
+    (a ``memory://`` ledger is one in-process store, shared). Closes only what it
+    opened."""
 
     def __init__(self, ledger: Ledger | None, dsn: str | None) -> None:
         if (ledger is None) == (dsn is None):
             raise InvalidArgument("pass exactly one of ledger= or dsn=", field="ledger")
         self.given = ledger
         self.dsn = dsn
-        self.opened: Ledger | None = None
         self.bridge: LoopThread | None = None
         self.bridge_ledger: Ledger | None = None
+        self._opening: asyncio.Lock | None = None  # made and used on the bridge loop only
         self._lock = threading.Lock()
 
     def _memory(self) -> bool:
         dsn = self.dsn or (self.given.dsn if self.given is not None else None)
         return not dsn or dsn.startswith("memory:")
 
+    def _bridge(self) -> LoopThread:
+        with self._lock:
+            if self.bridge is None or not self.bridge.alive:
+                self.bridge = LoopThread("contextledger-langchain")
+                self.bridge_ledger, self._opening = None, None
+            return self.bridge
+
     async def for_loop(self) -> Ledger:
-        loop = asyncio.get_running_loop()
-        if self.bridge is not None and loop is self.bridge.loop and not self._memory():
-            if self.bridge_ledger is None:
-                self.bridge_ledger = await Ledger.open(self.dsn or self.given.dsn)  # type: ignore[union-attr]
-            return self.bridge_ledger
-        if self.given is not None:
+        """The ledger for the running loop: the bridge's (opened there on first use), or
+        the one given."""
+        bridge = self.bridge
+        on_bridge = bridge is not None and asyncio.get_running_loop() is bridge.loop
+        if not on_bridge or (self.given is not None and self._memory()):
+            assert self.given is not None, "with dsn= the ledger is used on the bridge only"
             return self.given
-        if self.opened is None:
-            self.opened = await Ledger.open(self.dsn)
-        return self.opened
+        if self.bridge_ledger is None:
+            if self._opening is None:
+                self._opening = asyncio.Lock()
+            async with self._opening:
+                if self.bridge_ledger is None:
+                    self.bridge_ledger = await Ledger.open(self.dsn or self.given.dsn)  # type: ignore[union-attr]
+        return self.bridge_ledger
+
+    async def call(self, coro_fn: Callable[[], Awaitable[T]]) -> T:
+        """Run from async code: on the bridge with ``dsn=`` (the caller's loop keeps
+        running meanwhile), else on the caller's loop."""
+        if self.given is not None:
+            return await coro_fn()
+        bridge = self._bridge()
+        if asyncio.get_running_loop() is bridge.loop:
+            return await coro_fn()
+
+        async def on_bridge() -> T:
+            return await coro_fn()
+
+        return await bridge.run_async(on_bridge())
 
     def run(self, coro_fn: Callable[[], Awaitable[T]]) -> T:
         """Run on the bridge and wait: from plain sync code or from inside a running loop
         (which waits, as any sync call does)."""
-        with self._lock:
-            if self.bridge is None or not self.bridge.alive:
-                self.bridge = LoopThread("contextledger-langchain")
-            bridge = self.bridge
 
-        async def call() -> T:
+        async def on_bridge() -> T:
             return await coro_fn()
 
-        return bridge.run_sync(call())
+        return self._bridge().run_sync(on_bridge())
 
     async def aclose(self) -> None:
-        if self.opened is not None:
-            await self.opened.close()
-            self.opened = None
-        self.close_bridge()
+        with self._lock:
+            bridge, self.bridge = self.bridge, None
+            ledger, self.bridge_ledger = self.bridge_ledger, None
+        if bridge is not None:
+            if ledger is not None and bridge.alive:
+                await bridge.run_async(ledger.close())
+            bridge.stop()
 
     def close_bridge(self) -> None:
         with self._lock:
             bridge, self.bridge = self.bridge, None
             ledger, self.bridge_ledger = self.bridge_ledger, None
         if bridge is not None:
-            if ledger is not None:
+            if ledger is not None and bridge.alive:
                 bridge.run_sync(ledger.close())
             bridge.stop()
 
@@ -251,7 +282,7 @@ class LedgerChatMessageHistory(BaseChatMessageHistory):
         self.model = model
         self._ledgers = _Ledgers(ledger, dsn)
         self._owns_ledgers = True
-        self._sessions: dict[int, Session] = {}
+        self._sessions: dict[int, tuple[Ledger, Session]] = {}
 
     @classmethod
     def _sharing(cls, session_id: str, ledgers: _Ledgers, model: str | None) -> Any:
@@ -263,18 +294,26 @@ class LedgerChatMessageHistory(BaseChatMessageHistory):
         return history
 
     async def session(self) -> Session:
-        """The ledger session behind this history (for checkpoints, rollback, verify…)."""
+        """The ledger session behind this history (for checkpoints, rollback, verify…).
+        With ``dsn=`` it is the handle on the history's own loop thread, where its ledger
+        lives (pass ``ledger=`` to use a ``Session`` from your own loop)."""
+        return await self._ledgers.call(self._session)
+
+    async def _session(self) -> Session:
         ledger = await self._ledgers.for_loop()
-        handle = self._sessions.get(id(ledger))
-        if handle is None:
-            handle = await ledger.session(self.session_id, model=self.model)
-            self._sessions[id(ledger)] = handle
-        return handle
+        hit = self._sessions.get(id(ledger))
+        if hit is None or hit[0] is not ledger:
+            hit = (ledger, await ledger.session(self.session_id, model=self.model))
+            self._sessions[id(ledger)] = hit
+        return hit[1]
 
     # async
 
     async def aget_messages(self, token_budget: int | None = None) -> list[BaseMessage]:
-        session = await self.session()
+        return await self._ledgers.call(lambda: self._get(token_budget))
+
+    async def _get(self, token_budget: int | None = None) -> list[BaseMessage]:
+        session = await self._session()
         if token_budget is None:
             rows = await session.get_messages()
             return [from_ledger_message(m) for m in rows if "lc" in m]
@@ -282,10 +321,14 @@ class LedgerChatMessageHistory(BaseChatMessageHistory):
         return [from_ledger_message(m) for m in view]
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
-        await self._add_rows(_checked(messages))
+        rows = _checked(messages)
+        await self._ledgers.call(lambda: self._add_rows(rows))
 
     async def aclear(self) -> None:
-        await (await self.session()).clear()
+        await self._ledgers.call(self._clear)
+
+    async def _clear(self) -> None:
+        await (await self._session()).clear()
 
     async def aclose(self) -> None:
         """Close what this history opened (its pools); a ``ledger=`` given stays open."""
@@ -297,7 +340,7 @@ class LedgerChatMessageHistory(BaseChatMessageHistory):
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
-        return self._ledgers.run(self.aget_messages)
+        return self._ledgers.run(self._get)
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         rows = _checked(messages)
@@ -305,14 +348,14 @@ class LedgerChatMessageHistory(BaseChatMessageHistory):
 
     async def _add_rows(self, rows: list[dict[str, Any]]) -> None:
         """All or nothing: the ledger checks every message before it writes one."""
-        session = await self.session()
+        session = await self._session()
         try:
             await session.add_messages(rows)
         except InvalidMessage as exc:
             raise InvalidLangChainMessage(str(exc.args[0]), **exc.details) from exc
 
     def clear(self) -> None:
-        self._ledgers.run(self.aclear)
+        self._ledgers.run(self._clear)
 
     def close(self) -> None:
         """Sync ``aclose`` for the sync bridge (its thread and pool)."""
@@ -389,7 +432,7 @@ class LedgerAgentMemory:
         return str(thread)
 
     async def _record(self, thread: str, messages: Sequence[BaseMessage]) -> Session:
-        session = await self.history(thread).session()
+        session = await self.history(thread)._session()
         seen = self._recorded.setdefault(thread, set())
         for message in messages:
             if message.id is None:
@@ -411,6 +454,9 @@ class LedgerAgentMemory:
         return list(messages or [])
 
     async def _pre(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
+        return await self._ledgers.call(lambda: self._pre_here(state, config))
+
+    async def _pre_here(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
         thread = self._thread(config)
         session = await self._record(thread, self._messages(state))
         view = await session.get_messages_for_request(token_budget=self.token_budget)
@@ -428,11 +474,14 @@ class LedgerAgentMemory:
         return hit
 
     async def _post(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
+        return await self._ledgers.call(lambda: self._post_here(state, config))
+
+    async def _post_here(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
         await self._record(self._thread(config), self._messages(state)[-1:])
         return {}
 
     def _pre_sync(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
-        return self._ledgers.run(lambda: self._pre(state, config))
+        return self._ledgers.run(lambda: self._pre_here(state, config))
 
     def _post_sync(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
-        return self._ledgers.run(lambda: self._post(state, config))
+        return self._ledgers.run(lambda: self._post_here(state, config))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from typing import Any
@@ -195,6 +196,54 @@ def test_sync_api_from_plain_sync_code(pg_dsn: str) -> None:
             await reader.aclose()
 
     assert [m.content for m in asyncio.run(read())] == ["async"]
+
+
+def test_dsn_history_from_one_event_loop_after_another(pg_dsn: str) -> None:
+    """Each ``asyncio.run`` is a new loop; the history's pool must not belong to the first
+    (LangChain's own tests run each test on a loop of its own)."""
+    history = LedgerChatMessageHistory("chat-loops", dsn=pg_dsn)
+    memory = LedgerAgentMemory(dsn=pg_dsn)
+    try:
+        asyncio.run(history.aadd_messages([HumanMessage("first loop")]))
+        asyncio.run(history.aadd_messages([AIMessage("second loop")]))
+        history.add_messages([HumanMessage("sync")])
+        got = asyncio.run(history.aget_messages())
+        assert [m.content for m in got] == ["first loop", "second loop", "sync"]
+        asyncio.run(memory.history("t").aadd_messages([HumanMessage("a")]))
+        asyncio.run(
+            memory.pre_model_hook.ainvoke(
+                {"messages": [HumanMessage("b")]}, {"configurable": {"thread_id": "t"}}
+            )
+        )
+        assert [m.content for m in memory.history("t").messages] == ["a", "b"]
+    finally:
+        history.close()
+        memory.close()
+
+
+def test_dsn_history_never_blocks_the_callers_loop(pg_dsn: str) -> None:
+    """Opening a pool reads files (asyncpg's passfile lookup stats ~/.pgpass): with
+    ``dsn=`` that happens on the adapter's own loop thread, never on the caller's loop
+    (LangChain's tests fail any blocking call there, with blockbuster)."""
+    blocking = {os.stat, os.lstat, os.path.exists, open}
+    seen: list[str] = []
+
+    def watch(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and arg in blocking:
+            seen.append(arg.__name__)
+
+    async def main() -> list[str]:
+        history = LedgerChatMessageHistory("chat-blocking", dsn=pg_dsn)
+        sys.setprofile(watch)  # this thread only: the caller's loop
+        try:
+            await history.aadd_messages([HumanMessage("hi")])
+            return [str(m.content) for m in await history.aget_messages()]
+        finally:
+            sys.setprofile(None)
+            await history.aclose()
+
+    assert asyncio.run(main()) == ["hi"]
+    assert seen == []
 
 
 class _HookState(MessagesState):
