@@ -2,7 +2,7 @@
 least privilege for the service role.
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-11-27
 
 - ``FORCE ROW LEVEL SECURITY`` on every table with a tenant policy: a service role that
@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0011"
-down_revision: str | None = "0009"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -84,7 +84,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(f"GRANT DELETE ON {S}.purges TO {ROLE}")
     for table in _policy_tables():  # 0004 granted ALL on these
-        if table not in ("events", "purges", "event_search"):
+        if table not in ("events", "purges", "event_search", "event_terms"):
             op.execute(f"GRANT TRUNCATE, TRIGGER, REFERENCES ON {S}.{table} TO {ROLE}")
     for table in _policy_tables():
         op.execute(f"ALTER TABLE {S}.{table} NO FORCE ROW LEVEL SECURITY")

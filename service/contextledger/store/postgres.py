@@ -70,7 +70,7 @@ from contextledger.store.lexical import (
     B,
     read_from,
 )
-from contextledger.store.scoped import TenantConnection, scoped
+from contextledger.store.scoped import TENANT_SETTING, TenantConnection, scoped
 
 log = structlog.get_logger(__name__)
 S = "contextledger"
@@ -684,6 +684,11 @@ class PostgresStore(Store):
                     key="role",
                 )
             settings["role"] = role
+        if tenant is None and not pgbouncer:
+            # No tenant: the local one, said outright. Left unset, ``current_tenant()``
+            # (0011) asks a plpgsql function who may mean 'local', once per call: per row
+            # of every insert's ``tenant_id`` default and per index probe of a search.
+            settings[TENANT_SETTING] = "local"
         search_settings = dict(settings)
         if not pgbouncer:
             search_settings.update(_SEARCH_CONNECTION, application_name="contextledger-search")
