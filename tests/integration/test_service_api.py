@@ -240,7 +240,12 @@ async def test_recall_and_summaries_are_counted(svc: Running) -> None:
     assert summarized.status_code == 200, summarized.text
     text = (await c.get("/metrics")).text
     assert "contextledger_recall_hits_total 1.0" in text
-    assert "contextledger_recalled_messages_total 1.0" in text
+    # every line of the block is counted (the fact, and the neighbours that came with it)
+    block = next(
+        m["content"] for m in view.json()["messages"] if str(m["content"]).startswith("<recall>")
+    )
+    lines = sum(1 for line in block.splitlines() if line.startswith("[#"))
+    assert lines >= 1 and f"contextledger_recalled_messages_total {float(lines)}" in text
 
     async def recorded() -> int:
         page = await c.get("/v1/sessions/rm/events", params={"limit": 500})

@@ -240,7 +240,7 @@ POSTINGS = """
       FROM {src} v"""
 #: Postings are not written by appends (0006, 0010: the parser would run in every append):
 #: the search indexes the session's message events above its highest indexed seq, up to
-#: the seq it is taken at, itself, in the same statement, reading them by key (as a range
+#: the session's head, itself, in the same statement, reading them by key (as a range
 #: ``seq > upto``, the generic plan scanned the events table: 15 of an 18 ms search at
 #: 20,000 turns). Events of a session are committed in seq order, so the indexed
 #: ones are always a prefix (the empty lexeme marks each indexed message: the newest one
@@ -257,7 +257,9 @@ WITH indexed AS MATERIALIZED (
 ), fresh_vectors AS MATERIALIZED (  -- by key: a range the generic plan read as a scan
     SELECT e.session_id, e.seq, e.tenant_id, {SEARCH_VECTOR} AS v FROM {S}.events e
      WHERE e.session_id = $1 AND e.tenant_id = {S}.current_tenant()
-       AND e.seq = ANY (ARRAY(SELECT generate_series((SELECT upto FROM indexed) + 1, $3::bigint)))
+       AND e.seq = ANY (ARRAY(SELECT generate_series((SELECT upto FROM indexed) + 1, (
+               SELECT h.head FROM {S}.sessions h
+                WHERE h.session_id = $1 AND h.tenant_id = {S}.current_tenant()))))
        AND e.type = 'message.appended'
 ), fresh AS MATERIALIZED ({POSTINGS.format(src="fresh_vectors")}
 ),"""
