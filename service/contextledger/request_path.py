@@ -317,7 +317,9 @@ class RequestPath:
             sent = await with_recall(
                 s, items, recall_room, cfg, upto_seq=s._head, branch=None, extra=extra
             )
-            return finish_request_view(sent, target_model=model, cache=self._finished)
+            return finish_request_view(
+                sent, target_model=model, cache=self._finished, sized_for=len(items)
+            )
         speculated = self._speculated(items, recall_room, cfg)
         if speculated is not None:
             search = asyncio.ensure_future(

@@ -97,10 +97,14 @@ def _finished(item: ViewItem, reasoning: bool, strip: bool) -> Finished:
 
 
 def finish_request_view(
-    items: Sequence[ViewItem], *, target_model: str | None, cache: FinishCache | None = None
+    items: Sequence[ViewItem],
+    *,
+    target_model: str | None,
+    cache: FinishCache | None = None,
+    sized_for: int | None = None,
 ) -> list[dict[str, Any]]:
     """The messages to send for ``items``, finished for ``target_model``."""
-    return finish_marked(items, -1, target_model=target_model, cache=cache)[0]
+    return finish_marked(items, -1, target_model=target_model, cache=cache, sized_for=sized_for)[0]
 
 
 def finish_marked(
@@ -109,11 +113,15 @@ def finish_marked(
     *,
     target_model: str | None,
     cache: FinishCache | None = None,
+    sized_for: int | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """``finish_request_view`` and where item ``mark`` begins in its output: an item put
     before it (not a summary) finishes alone and goes there, unless ``items[mark - 1]`` is a
     summary (whose bridge looks at its next item). The request path finishes the view this
-    way while recall's search is out, then puts the recall block in (``splice_safe``)."""
+    way while recall's search is out, then puts the recall block in (``splice_safe``).
+    ``sized_for``: the items the cache is kept for when ``items`` is a part of the view the
+    next requests carry (a question's request left its oldest part out for recall: pruned
+    to it, the cache missed that part on every request after)."""
     reasoning = needs_reasoning_block(target_model or "")
     strip = not is_anthropic(target_model)
     known: dict[int, Finished] | None = None
@@ -122,7 +130,8 @@ def finish_marked(
         cache[target_model] = known  # the latest used last: the least recent go first
         for other in list(cache)[: len(cache) - MODELS_KEPT]:
             del cache[other]
-        if len(known) > len(items) + len(items) // 4 + 8:
+        size = max(len(items), sized_for or 0)
+        if len(known) > size + size // 4 + 8:
             # Bounded by what requests carry, not by history: what this request no longer
             # carries goes (clearing all at 4x made a session's memory swing by 2x; a slack
             # of 64 items let a 35-item view's cache hold 103, 2.2x its memory at 20,000
