@@ -43,8 +43,8 @@ def test_a_rare_lexeme_outweighs_a_common_one() -> None:
 def test_document_frequency_is_exact_below_the_cap_and_estimated_at_it() -> None:
     assert lexical.estimated_df(10, 3, 1000, 1000) == 10.0
     cap = lexical.PER_TERM
-    # cap postings over the newest 128 of 1,000 messages: one in two, so ~500 in all
-    assert lexical.estimated_df(cap, 1000 - 127, 1000, 1000) == pytest.approx(500.0)
+    # cap postings over the newest 2 x cap of 1,000 messages: one in two, so ~500 in all
+    assert lexical.estimated_df(cap, 1000 - 2 * cap + 1, 1000, 1000) == pytest.approx(500.0)
     assert lexical.estimated_df(cap, 999, 1000, 1000) == 1000.0  # never above the whole
     assert lexical.idf(1000.0, 1000) < lexical.idf(10.0, 1000)
     assert lexical.idf(2000.0, 1000) > 0
