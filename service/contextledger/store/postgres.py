@@ -290,6 +290,20 @@ _STORE_FRESH = f""" stored AS (
 #: Each is read by its key: a LATERAL subquery kept apart (``OFFSET 0``), where ``top.seq``
 #: is a parameter, so an index condition (joined, the generic plan could estimate the
 #: session at one row and scan all its events per match).
+
+
+def _bm25(postings: str, weights: str, limit: str) -> str:
+    """BM25 over a CTE of postings ``(l, seq, tf, dl)`` with idf ``weights``: the best
+    ``limit`` seqs, a small preference for the newer (``lexical.rank`` in SQL)."""
+    return f"""
+    SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}::float8
+                      / (p.tf + {K1}::float8 * ({1 - B}::float8 + {B}::float8 * p.dl
+                         / greatest(1.0::float8, (SELECT avg(dl)::float8 FROM {postings})))))
+               * (1.0::float8 + {RECENCY}::float8 * p.seq / greatest(1, $T::bigint)::float8) AS rank
+      FROM {postings} p JOIN {weights} w USING (l)
+     GROUP BY p.seq ORDER BY rank DESC, p.seq DESC LIMIT {limit}"""
+
+
 _SEARCH = f"""{{head}} gate AS MATERIALIZED (
     SELECT $G::bigint[] IS NULL
         OR EXISTS (SELECT FROM {S}.events e WHERE {{on_branch}} AND e.seq = ANY($G::bigint[]))
@@ -308,13 +322,7 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
                        ELSE least($3::float8, count(*) * $3::float8
                                   / greatest(1, $T::bigint - min(seq) + 1)) END AS df
           FROM post GROUP BY l) d
-), top AS MATERIALIZED (
-    SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}::float8
-                      / (p.tf + {K1}::float8 * ({1 - B}::float8 + {B}::float8 * p.dl
-                         / greatest(1.0::float8, (SELECT avg(dl)::float8 FROM post)))))
-               * (1.0::float8 + {RECENCY}::float8 * p.seq / greatest(1, $T::bigint)::float8) AS rank
-      FROM post p JOIN w USING (l)
-     GROUP BY p.seq ORDER BY rank DESC, p.seq DESC LIMIT $7
+), top AS MATERIALIZED ({_bm25("post", "w", "$7")}
 ), hop_lq AS MATERIALIZED (  -- a second hop (``lexical.HOP_*``), when $H
     SELECT DISTINCT l FROM (
         SELECT seq FROM top WHERE $H::boolean ORDER BY rank DESC, seq DESC LIMIT {HOP_FROM}) h
@@ -338,13 +346,7 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
     SELECT l, ln(1 + (greatest($3, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf FROM (
         SELECT l, count(*)::float8 AS df
           FROM hop_post GROUP BY l HAVING count(*) < {PER_TERM}) d
-), hop_top AS MATERIALIZED (
-    SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}::float8
-                      / (p.tf + {K1}::float8 * ({1 - B}::float8 + {B}::float8 * p.dl
-                         / greatest(1.0::float8, (SELECT avg(dl)::float8 FROM hop_post)))))
-               * (1.0::float8 + {RECENCY}::float8 * p.seq / greatest(1, $T::bigint)::float8) AS rank
-      FROM hop_post p JOIN hop_w w USING (l)
-     GROUP BY p.seq ORDER BY rank DESC, p.seq DESC LIMIT {HOP_LIMIT}
+), hop_top AS MATERIALIZED ({_bm25("hop_post", "hop_w", str(HOP_LIMIT))}
 ), near AS MATERIALIZED (  -- the neighbours of the best matches (``NEIGHBOURED``)
     SELECT DISTINCT n.seq FROM (
         SELECT seq FROM top WHERE rank > 0 ORDER BY rank DESC, seq DESC LIMIT {NEIGHBOURED}) h
