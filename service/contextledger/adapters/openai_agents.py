@@ -270,6 +270,10 @@ def _from_message(message: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+#: How often a call handed to a memory:// ledger's home loop checks that loop still runs.
+HOME_CHECK_SECONDS = 0.05
+
+
 class _Closed:
     """What ``close()`` returns: it has already closed, and awaiting it is a no-op, so
     both ``session.close()`` (as the SDK's stores are closed) and ``await
@@ -408,7 +412,26 @@ class LedgerSession(SessionABC):
                     "this LedgerSession's memory:// ledger lives in an event loop that is "
                     "not running; use it from that loop, or pass dsn='memory://'"
                 )
-            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(at(place), home))
+            sent = asyncio.run_coroutine_threadsafe(at(place), home)
+            waiting = asyncio.wrap_future(sent)
+            while not (await asyncio.wait({waiting}, timeout=HOME_CHECK_SECONDS))[0]:
+                # The home loop may end before it runs what was handed to it (a thread's
+                # short asyncio.run): taken back unstarted, it runs again from here, where
+                # this loop becomes home (a memory:// ledger is bound to no loop).
+                if not home.is_running() and sent.cancel():
+                    with self._guard:
+                        if self._home_loop is home:
+                            self._home_loop, self._home = loop, _Place(None, self._ledger)
+                    return await self._run(op)
+            if waiting.cancelled():  # not by us: we take back only what never began
+                # begun there, then cancelled as that loop shut down: it may have written
+                raise UserError(
+                    "the event loop this LedgerSession's memory:// ledger lived in ended "
+                    "during the call (it may or may not have taken effect); pass "
+                    "dsn='memory://' to use a memory ledger from threads with loops of "
+                    "their own"
+                )
+            return waiting.result()
         own = self._own_place()
         assert own.thread is not None
         return await own.thread.run_async(at(own))

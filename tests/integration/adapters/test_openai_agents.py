@@ -457,3 +457,37 @@ def test_close_from_sync_code_and_reopen(pg_dsn: str) -> None:
     session.close()  # twice is fine
     assert asyncio.run(session.get_items()) == [{"role": "user", "content": "kept"}]
     session.close()
+
+
+async def test_a_memory_ledger_used_from_threads_with_short_loops_never_hangs() -> None:
+    """A ``memory://`` ledger passed as ``ledger=`` and first used from a thread: its home
+    is that thread's loop, which ends when its ``asyncio.run`` does. A call another thread
+    had handed to it then waited forever (4 of 10 in a run); now it runs again where it
+    is, whose loop becomes home."""
+    import threading
+
+    async with Ledger.open("memory://") as ledger:
+        session = LedgerSession("oa-short-loops", ledger=ledger)
+        start = threading.Barrier(10)
+        errors: list[BaseException] = []
+
+        def add(n: int) -> None:
+            start.wait()
+            try:
+                asyncio.run(session.add_items([{"role": "user", "content": f"m{n}"}]))
+            except BaseException as exc:  # reported below, not lost in the thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=add, args=(n,), daemon=True) for n in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            await asyncio.to_thread(t.join, 30)
+        assert not [t for t in threads if t.is_alive()]  # none left waiting
+        assert all(isinstance(e, UserError) for e in errors), errors  # a loop not running: typed
+        contents = [
+            i.get("content")
+            for i in await asyncio.to_thread(lambda: asyncio.run(session.get_items()))
+        ]
+        assert set(contents) <= {f"m{n}" for n in range(10)}
+        assert len(contents) == len(set(contents)) == 10 - len(errors)
