@@ -295,7 +295,7 @@ async def with_recall(
         session, narrowed, room + gained, cfg, upto_seq=upto_seq, branch=branch, hop=True
     )
     back = give_back(view, start, end, room + gained - block.tokens, set(block.seqs))
-    narrowed = [*view[:start], *view[back:]]
+    narrowed = [*view[:start], *back, *view[end:]]
     return narrowed if block.empty else place_recall(narrowed, block)
 
 

@@ -192,22 +192,24 @@ def room_start(view: Sequence[ViewItem]) -> int:
     return index
 
 
-def give_back(view: Sequence[ViewItem], start: int, end: int, spare: int, taken: set[int]) -> int:
-    """The left-out run ``view[start:end]`` shortened from its new end: how many of its
-    newest items fit ``spare`` tokens (the block's unused room) and go back into the view,
-    contiguous with what stayed, none the block recalled, no tool result without its call.
-    Returns the new end of the left-out run."""
+def give_back(
+    view: Sequence[ViewItem], start: int, end: int, spare: int, taken: set[int]
+) -> list[ViewItem]:
+    """What of the left-out run ``view[start:end]`` comes back into the view with the
+    block's unused room (``spare`` tokens): its newest items that fit, newest first, but
+    none the block recalled (no line said twice; the block takes tool units whole, so
+    skipping them splits none), starting at the start of a unit. In view order."""
     cut, used = end, 0
     for index in range(end - 1, start - 1, -1):
         item = view[index]
         if item.ref[0] in taken:
-            break
+            continue
         used += item.tokens
         if used > spare:
             break
-        if not result_ids(item.message):  # the run back in starts a unit
+        if not result_ids(item.message):  # what comes back starts a unit
             cut = index
-    return cut
+    return [item for item in view[cut:end] if item.ref[0] not in taken]
 
 
 def latest_turn(view: Sequence[ViewItem]) -> int | None:

@@ -312,11 +312,16 @@ def test_what_the_block_leaves_unused_goes_back_newest_first() -> None:
                   openai_result("c1", "x" * 40), user("q?")])  # fmt: skip
     tokens = [i.tokens for i in view]
     # room for the last two (a call and its result) comes back whole, or not at all
-    assert give_back(view, 0, 4, tokens[2] + tokens[3], set()) == 2
-    assert give_back(view, 0, 4, tokens[3], set()) == 4  # only the result fits: nothing
-    assert give_back(view, 0, 4, 10**6, set()) == 0
-    # a message the block recalled does not come back (no line said twice)
-    assert give_back(view, 0, 4, 10**6, {view[1].seq}) == 2
+    assert give_back(view, 0, 4, tokens[2] + tokens[3], set()) == list(view[2:4])
+    assert give_back(view, 0, 4, tokens[3], set()) == []  # only the result fits: nothing
+    assert give_back(view, 0, 4, 10**6, set()) == list(view[:4])
+    # a message the block recalled does not come back (no line said twice), the rest does
+    assert give_back(view, 0, 4, 10**6, {view[1].seq}) == [view[0], view[2], view[3]]
+    assert give_back(view, 0, 4, tokens[0] + tokens[2] + tokens[3], {view[1].seq}) == [
+        view[0],
+        view[2],
+        view[3],
+    ]
 
 
 def test_only_a_request_that_leaves_something_out_widens() -> None:
