@@ -548,15 +548,16 @@ def _postings_read(plan: Any) -> int:
 async def test_the_search_reads_postings_bounded_by_the_query_not_the_history(
     pg_dsn: str,
 ) -> None:
-    """0010: a query lexeme's postings are read newest first, at most ``PER_TERM`` of them,
-    through the key: a word in every message of a long session costs a search what it
-    costs in a short one (a GIN lookup returned every match)."""
-    from contextledger.store.lexical import PER_TERM
+    """0010: a query lexeme's postings are read newest first, at most ``PER_TERM`` of them
+    (``DEEP_LIMIT`` for the rarest capped ones), through the key: a word in every message
+    of a long session costs a search what it costs in a shorter one (a GIN lookup
+    returned every match)."""
+    from contextledger.store.lexical import DEEP_LIMIT, PER_TERM
     from contextledger.store.postgres import search_statement
 
     reads: list[int] = []
     async with Ledger.open(pg_dsn) as ledger:
-        for n in (300, 1500):
+        for n in (DEEP_LIMIT + 200, 3 * DEEP_LIMIT):
             session = await ledger.session(f"b{n}", config={"token_counter": "chars"})
             batch = [
                 {"role": "user", "content": f"the gateway answered on attempt {i} quickly"}
@@ -579,9 +580,10 @@ async def test_the_search_reads_postings_bounded_by_the_query_not_the_history(
             finally:
                 await conn.close()
             reads.append(_postings_read(json.loads(plan)))
-    # two lexemes (gateway, attempt), each read to the cap, plus the catch-up's marker step
+    # two lexemes (gateway, attempt), each read to the cap, then (the rarest capped ones)
+    # further to the deep cap, plus the catch-up's marker step: the same at both lengths
     assert reads[0] == reads[1]
-    assert PER_TERM <= reads[1] <= 2 * PER_TERM + 2
+    assert DEEP_LIMIT <= reads[1] <= 2 * (PER_TERM + DEEP_LIMIT) + 2
 
 
 async def test_the_postings_migration_moves_the_vectors_and_downgrades(pg_dsn: str) -> None:

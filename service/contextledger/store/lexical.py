@@ -30,6 +30,11 @@ B = 0.9
 #: every other message weighs what BM25 would give it without being read whole.
 PER_TERM = 32
 MAX_QUERY_LEXEMES = 12
+#: The newest postings alone lose an old fact about a thing named often since: the
+#: ``DEEP_TERMS`` rarest lexemes (by their estimated frequency) whose newest ``PER_TERM``
+#: did not hold them all are read further, up to ``DEEP_LIMIT`` postings (the needle bench,
+#: bench/recall.py: 32/60 facts with the newest 32 only, 59/60 with every posting).
+DEEP_TERMS, DEEP_LIMIT = 6, 1024
 #: The best matches whose neighbours (the message before and after, when the request left
 #: them out) come with them: a reply that echoes a question's words sits next to the
 #: statement that answers it, and a statement next to the question it answers.
@@ -45,11 +50,11 @@ HOP_FROM, HOP_LEXEMES, HOP_LIMIT = 2, 8, 6
 RECENCY = 0.15
 
 
-def estimated_df(read: int, oldest: int, top: int, total: int) -> float:
+def estimated_df(read: int, oldest: int, top: int, total: int, cap: int = PER_TERM) -> float:
     """A lexeme's document frequency among ``total`` messages, from ``read`` postings the
-    oldest of which is at ``oldest``, read backwards from ``top``: exact below
-    ``PER_TERM``, else the rate over the stretch read, times the whole."""
-    if read < PER_TERM:
+    oldest of which is at ``oldest``, read backwards from ``top``: exact below ``cap``
+    (what was read at most), else the rate over the stretch read, times the whole."""
+    if read < cap:
         return float(read)
     return min(float(total), read * total / max(1, top - oldest + 1))
 
@@ -90,6 +95,15 @@ def hop_lexemes(found: Sequence[Collection[str]], query: Collection[str]) -> lis
     return sorted(words, key=lambda t: (-len(t), t))[:HOP_LEXEMES]
 
 
+def deep_terms(postings: Mapping[str, Sequence[tuple[int, int, int]]], top: int) -> list[str]:
+    """The lexemes read further (``DEEP_TERMS``): of those whose newest ``PER_TERM``
+    postings did not hold them all, the rarest by the rate of those postings."""
+    capped = [
+        (len(r) / max(1, top - r[-1][0] + 1), t) for t, r in postings.items() if len(r) >= PER_TERM
+    ]
+    return [t for _, t in sorted(capped)[:DEEP_TERMS]]
+
+
 def query_lexemes(lexemes: Sequence[str]) -> list[str]:
     """The distinct lexemes a search looks up: the ``MAX_QUERY_LEXEMES`` longest."""
     return sorted({t for t in lexemes if t}, key=lambda t: (-len(t), t))[:MAX_QUERY_LEXEMES]
@@ -111,7 +125,8 @@ def rank(
     lengths: list[int] = []
     for lexeme, rows in postings.items():
         if rows:
-            df = estimated_df(len(rows), rows[-1][0], top, total)
+            cap = DEEP_LIMIT if len(rows) > PER_TERM else PER_TERM
+            df = estimated_df(len(rows), rows[-1][0], top, total, cap)
             weights[lexeme] = idf(df, total)
             lengths.extend(dl for _, _, dl in rows)
     if not lengths:

@@ -358,11 +358,18 @@ class MemoryStore(Store):
 
         def ranked(terms: list[str], n: int, *, specific: bool = False) -> list[tuple[int, float]]:
             postings: dict[str, list[tuple[int, int, int]]] = {}
+
+            def read(term: str, n: int) -> list[tuple[int, int, int]]:
+                seqs = index.newest(term, top, keep, n)
+                return [(q, index.counts[q][term], len(index.counts[q])) for q in seqs]
+
             for term in terms:
-                seqs = index.newest(term, top, keep, lexical.PER_TERM)
-                rows = [(q, index.counts[q][term], len(index.counts[q])) for q in seqs]
+                rows = read(term, lexical.PER_TERM)
                 if rows and not (specific and len(rows) >= lexical.PER_TERM):
                     postings[term] = rows
+            if not specific:
+                for term in lexical.deep_terms(postings, top):
+                    postings[term] = read(term, lexical.DEEP_LIMIT)
             return lexical.rank(postings, top=top, total=upto_seq, limit=n)
 
         terms = lexical.query_lexemes(index.lex(query))

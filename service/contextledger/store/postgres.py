@@ -59,6 +59,8 @@ from contextledger.store.batching import AppendBatcher
 from contextledger.store.dsn import asyncpg_dsn, redact
 from contextledger.store.errors import translate, translated, translated_iter
 from contextledger.store.lexical import (
+    DEEP_LIMIT,
+    DEEP_TERMS,
     HOP_FROM,
     HOP_LEXEMES,
     HOP_LIMIT,
@@ -316,13 +318,24 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
     SELECT lq.l, p.seq, p.tf, p.dl FROM lq CROSS JOIN LATERAL (
         SELECT y.seq, y.tf, y.dl FROM ({{postings}}) y ORDER BY y.seq DESC LIMIT {PER_TERM}
     ) p
+), deep_l AS MATERIALIZED (  -- the rarest capped lexemes, read further (``DEEP_*``)
+    SELECT l FROM post GROUP BY l HAVING count(*) >= {PER_TERM}
+     ORDER BY count(*)::float8 / greatest(1, $T::bigint - min(seq) + 1), l LIMIT {DEEP_TERMS}
+), deep AS MATERIALIZED (
+    SELECT lq.l, p.seq, p.tf, p.dl FROM deep_l lq CROSS JOIN LATERAL (
+        SELECT y.seq, y.tf, y.dl FROM ({{deep_postings}}) y ORDER BY y.seq DESC LIMIT {DEEP_LIMIT}
+    ) p
+), allpost AS MATERIALIZED (
+    SELECT * FROM post WHERE l NOT IN (SELECT l FROM deep_l) UNION ALL SELECT * FROM deep
 ), w AS MATERIALIZED (
     SELECT l, ln(1 + (greatest($3, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf FROM (
-        SELECT l, CASE WHEN count(*) < {PER_TERM} THEN count(*)::float8
+        SELECT l, CASE WHEN count(*) < {PER_TERM}
+                         OR (count(*) > {PER_TERM} AND count(*) < {DEEP_LIMIT})
+                       THEN count(*)::float8
                        ELSE least($3::float8, count(*) * $3::float8
                                   / greatest(1, $T::bigint - min(seq) + 1)) END AS df
-          FROM post GROUP BY l) d
-), top AS MATERIALIZED ({_bm25("post", "w", "$7")}
+          FROM allpost GROUP BY l) d
+), top AS MATERIALIZED ({_bm25("allpost", "w", "$7")}
 ), hop_lq AS MATERIALIZED (  -- a second hop (``lexical.HOP_*``), when $H
     SELECT DISTINCT l FROM (
         SELECT seq FROM top WHERE $H::boolean ORDER BY rank DESC, seq DESC LIMIT {HOP_FROM}) h
@@ -489,6 +502,7 @@ def search_sql(*, indexed: bool, given_branch: bool, store: bool = True) -> str:
         on_branch=on_branch,
         postings=postings,
         hop_postings=hop_postings,
+        deep_postings=postings.replace(f"LIMIT {PER_TERM}", f"LIMIT {DEEP_LIMIT}"),
         hop_vector=SEARCH_VECTOR if indexed else _UNINDEXED,
         branch=branch,
     )
