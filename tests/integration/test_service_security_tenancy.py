@@ -207,3 +207,25 @@ async def test_a_purge_still_works_as_the_service_role(pg_dsn: str) -> None:
         r = await svc.client.delete("/v1/sessions/s", params={"reason": "asked"}, headers=h)
         assert r.status_code == 200, r.text
         assert (await svc.client.get("/v1/sessions/s", headers=h)).status_code == 404
+
+
+@pytest.mark.parametrize("conforming", ["on", "off"])
+async def test_a_tenant_reads_back_as_itself_whatever_the_string_settings(
+    pg_dsn: str, conforming: str
+) -> None:
+    """The scope statement is text (it rides on asyncpg's BEGIN), so a tenant's name is a
+    literal in it: quotes and backslashes must come back as they went in, also where the
+    server has ``standard_conforming_strings`` off (there ``\\'`` ended a plain literal and
+    the rest of the name ran as SQL)."""
+    from contextledger.store.scoped import scope_sql
+
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        await conn.execute(f"SET standard_conforming_strings = {conforming}")
+        for tenant in ("acme", "o'brien", "a\\", "x\\'); SELECT pg_sleep(0); --", "\\\\'"):
+            async with conn.transaction():
+                await conn.execute(scope_sql(tenant))
+                got = await conn.fetchval("SELECT current_setting('contextledger.tenant')")
+            assert got == tenant
+    finally:
+        await conn.close()

@@ -41,10 +41,13 @@ SELECT r.rolsuper, r.rolbypassrls,
 
 
 def literal(value: str) -> str:
-    """``value`` as a PostgreSQL string literal (standard conforming strings)."""
+    """``value`` as a PostgreSQL escape-string literal (``E'...'``): backslashes and quotes
+    escaped, so it reads back the same whatever the server's ``standard_conforming_strings``
+    (a plain ``'...'`` with only quotes doubled let ``\'`` end it where that setting is off).
+    The scope is sent as text, not bound, because it rides on asyncpg's own ``BEGIN``."""
     if "\x00" in value:
         raise ConfigError("a tenant cannot contain NUL", key="tenant")
-    return "'" + value.replace("'", "''") + "'"
+    return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def scope_sql(tenant: str, settings: Mapping[str, str] | None = None) -> str:
