@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -176,3 +181,45 @@ async def appends_held(
         await until(waiting, "an append waits in the database")
         await asyncio.sleep(0.3)  # the others reach the service and queue behind it
         yield sent
+
+
+# -- ``contextledger serve`` as a process of its own ----------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_process(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    """``contextledger serve ARGS`` with none of this process's CONTEXTLEDGER_ settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTLEDGER_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "contextledger.cli", "serve", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+    )
+
+
+def log_tail(log: Path, n: int = 3000) -> str:
+    return log.read_text()[-n:]
+
+
+async def wait_ready(
+    url: str, proc: subprocess.Popen[bytes], log: Path, *, seconds: float = 30
+) -> None:
+    """Until ``url``/readyz answers 200; an AssertionError with the log's tail if the
+    process exits or ``seconds`` pass."""
+    async with httpx.AsyncClient() as c:
+        for _ in range(int(seconds / 0.05)):
+            if proc.poll() is not None:
+                raise AssertionError(f"serve exited {proc.returncode}: {log_tail(log)}")
+            try:
+                if (await c.get(url + "/readyz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"serve did not get ready: {log_tail(log)}")

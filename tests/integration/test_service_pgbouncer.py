@@ -7,11 +7,8 @@ proxy: every row lands under its own tenant, every read sees only its own."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import asyncpg
@@ -23,44 +20,15 @@ from contextledger.store.dsn import asyncpg_dsn
 from tests.fakellm import FakeLLM
 from tests.integration.conftest import PG_HOST, PG_PORT
 from tests.integration.pgbouncer import running_pgbouncer
-from tests.integration.service_support import new_key
+from tests.integration.service_support import (
+    free_port,
+    new_key,
+    serve_process,
+    wait_ready,
+)
 
 SESSIONS = 10
 APPENDS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(*args: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTLEDGER_")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "contextledger.cli", "serve", *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("wb"),
-    )
-
-
-async def _ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    async with httpx.AsyncClient() as c:
-        for _ in range(1200):
-            if proc.poll() is not None:
-                raise AssertionError(f"serve exited {proc.returncode}: {_tail(log)}")
-            try:
-                if (await c.get(url + "/readyz")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"serve did not get ready: {_tail(log)}")
-
-
-def _tail(log: Path) -> str:
-    return log.read_text()[-3000:]
 
 
 def _workers(proc: subprocess.Popen[bytes]) -> int:
@@ -97,8 +65,8 @@ async def test_two_workers_behind_pgbouncer_keep_tenants_apart(
             await asyncpg.connect(
                 bouncer.dsn(superuser, dbname), server_settings={"contextledger.tenant": "a"}
             )
-        port, log = _free_port(), tmp_path / "serve.log"
-        proc = _serve(
+        port, log = free_port(), tmp_path / "serve.log"
+        proc = serve_process(
             "--dsn",
             bouncer.dsn(superuser, dbname),
             "--workers",
@@ -115,7 +83,7 @@ async def test_two_workers_behind_pgbouncer_keep_tenants_apart(
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            await _ready(url, proc, log)
+            await wait_ready(url, proc, log, seconds=60)
             assert _workers(proc) == 2
             async with httpx.AsyncClient(base_url=url, timeout=60) as c:
                 await asyncio.gather(

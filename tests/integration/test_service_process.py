@@ -4,51 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 
 from contextledger import Ledger
-from tests.integration.service_support import appends_held
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(*args: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTLEDGER_")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "contextledger.cli", "serve", *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("wb"),
-    )
-
-
-async def _ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    async with httpx.AsyncClient() as c:
-        for _ in range(600):
-            if proc.poll() is not None:
-                raise AssertionError(f"serve exited {proc.returncode}: {_tail(log)}")
-            try:
-                if (await c.get(url + "/readyz")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError("serve did not get ready")
-
-
-def _tail(log: Path) -> str:
-    return log.read_text()[-2000:]
+from tests.integration.service_support import (
+    appends_held,
+    free_port,
+    serve_process,
+    wait_ready,
+)
 
 
 def _user(text: str) -> dict[str, str]:
@@ -58,13 +25,13 @@ def _user(text: str) -> dict[str, str]:
 async def test_serve_takes_its_flags_after_the_command_and_drains_on_sigterm(
     pg_dsn: str, tmp_path: Path
 ) -> None:
-    port, log = _free_port(), tmp_path / "serve.log"
-    proc = _serve(
+    port, log = free_port(), tmp_path / "serve.log"
+    proc = serve_process(
         "--dsn", pg_dsn, "--port", str(port), "--log-format", "console", "--no-migrate", log=log
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        await _ready(url, proc, log)
+        await wait_ready(url, proc, log)
         async with httpx.AsyncClient(base_url=url, timeout=30) as c:
             assert (await c.post("/v1/sessions", json={"session_id": "p"})).status_code == 201
             await c.post("/v1/sessions/p/messages", json={"message": _user("warm")})
@@ -103,15 +70,15 @@ async def test_serve_takes_its_flags_after_the_command_and_drains_on_sigterm(
 
 def test_a_bad_flag_value_is_a_clear_error_and_nothing_starts(pg_dsn: str, tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
-    proc = _serve("--dsn", pg_dsn, "--pool-size", "many", "--no-migrate", log=log)
+    proc = serve_process("--dsn", pg_dsn, "--pool-size", "many", "--no-migrate", log=log)
     assert proc.wait(60) == 2
     assert "CONTEXTLEDGER_POOL_SIZE" in log.read_text()
     # a flag reaches the local-mode guard: beyond loopback without any API key, refused
     for dsn in (pg_dsn, "memory://"):  # memory:// holds no keys: loopback only too
-        proc = _serve("--dsn", dsn, "--host", "0.0.0.0", "--no-migrate", log=log)
+        proc = serve_process("--dsn", dsn, "--host", "0.0.0.0", "--no-migrate", log=log)
         assert proc.wait(60) == 2
         assert "127.0.0.1" in log.read_text()
     # a service role that is a superuser would be no guard at all: refused at start
-    proc = _serve("--dsn", pg_dsn, "--service-role", "postgres", "--no-migrate", log=log)
+    proc = serve_process("--dsn", pg_dsn, "--service-role", "postgres", "--no-migrate", log=log)
     assert proc.wait(60) != 0
     assert "superuser or bypasses row-level security" in log.read_text()

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 from contextledger.core.config import ContextConfig
 from contextledger.errors import ConfigError
 from contextledger.http.problems import problem
+from contextledger.http.replay import replay
 from contextledger.http.settings import Settings
 
 Scope = MutableMapping[str, Any]
@@ -105,7 +106,7 @@ class Guard:
                     return
                 if not message.get("more_body", False):
                     break
-            receive = _replay(pending, receive)
+            receive = replay(pending, receive)
         seen = 0
 
         async def capped() -> Message:
@@ -199,17 +200,6 @@ class Guard:
                 "send the body as application/json",
             )
         return None
-
-
-def _replay(consumed: list[Message], receive: Receive) -> Receive:
-    pending = list(consumed)
-
-    async def replayed() -> Message:
-        if pending:
-            return pending.pop(0)
-        return await receive()
-
-    return replayed
 
 
 def _too_large(cap: int) -> Any:

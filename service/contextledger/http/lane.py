@@ -25,6 +25,7 @@ from starlette.responses import Response
 
 from contextledger.http import problems, proxy, rest
 from contextledger.http.auth import current_tenant
+from contextledger.http.replay import replay
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -73,7 +74,7 @@ class Lane:
         if consumed[-1]["type"] == "http.request":
             parsed = accepted(headers, b"".join(chunks))
         if parsed is None:
-            await self.app(scope, _replay(consumed, receive), send)
+            await self.app(scope, replay(consumed, receive), send)
             return
         scope["route"] = self.append_route  # what the access log and metrics name it by
         scope["path_params"] = {"session_id": session_id}
@@ -129,18 +130,6 @@ def accepted(headers: Headers, body: bytes) -> rest.MessageAppend | None:
         return rest.MessageAppend.model_validate(data, from_attributes=True)
     except ValidationError:
         return None
-
-
-def _replay(consumed: list[Message], receive: Receive) -> Receive:
-    """``receive`` that first gives back what the lane read."""
-    pending = list(consumed)
-
-    async def replayed() -> Message:
-        if pending:
-            return pending.pop(0)
-        return await receive()
-
-    return replayed
 
 
 def route(router: APIRouter, path: str) -> APIRoute:
