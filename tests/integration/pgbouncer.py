@@ -4,7 +4,6 @@ test PostgreSQL. Where it cannot be installed the test fails loudly (never skips
 
 from __future__ import annotations
 
-import fcntl
 import os
 import pwd
 import shutil
@@ -19,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.debian import ensure_package
+from tests.integration.service_support import free_port
+
 PGBOUNCER = Path("/usr/sbin/pgbouncer")
 #: PgBouncer will not run as root: it drops to the server's own user (its socket), or to
 #: this one (Debian's package runs as it).
@@ -26,35 +28,7 @@ RUN_AS = "postgres"
 
 
 def ensure_pgbouncer() -> str:
-    if PGBOUNCER.is_file():
-        return str(PGBOUNCER)
-    apt = shutil.which("apt-get")
-    if apt is None or os.geteuid() != 0:
-        pytest.fail(
-            "the pooler test needs Debian's pgbouncer at /usr/sbin/pgbouncer; install it with "
-            "`apt-get install -y pgbouncer` (this machine has no apt-get or we are not root)"
-        )
-    with open("/tmp/contextledger-pgbouncer.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel suites: one apt at a time
-        if not PGBOUNCER.is_file():
-            env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-            wait = ["-o", "DPkg::Lock::Timeout=600"]  # another apt/dpkg may hold the lock
-            for cmd in (
-                [apt, *wait, "update", "-qq"],
-                [apt, *wait, "install", "-y", "-qq", "pgbouncer"],
-            ):
-                done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-                if done.returncode != 0:
-                    pytest.fail(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-    if not PGBOUNCER.is_file():
-        pytest.fail("apt installed pgbouncer but /usr/sbin/pgbouncer is missing")
-    return str(PGBOUNCER)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ensure_package(PGBOUNCER, "pgbouncer")
 
 
 @dataclass(frozen=True)
@@ -75,7 +49,7 @@ def running_pgbouncer(
     clients share them transaction by transaction."""
     binary = ensure_pgbouncer()
     home = Path(tempfile.mkdtemp(prefix="cl-pgbouncer-"))
-    port = _free_port()
+    port = free_port()
     (home / "users.txt").write_text("".join(f'"{u}" ""\n' for u in users))
     (home / "pgbouncer.ini").write_text(
         "[databases]\n"
