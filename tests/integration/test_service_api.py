@@ -13,6 +13,7 @@ import pytest_asyncio
 import structlog
 
 from contextledger import Ledger
+from contextledger.http import rest
 from contextledger.http.settings import Settings
 from tests.integration.service_support import Running, appends_held, running_service
 
@@ -200,6 +201,47 @@ async def test_events_page_and_live_tail(svc: Running) -> None:
     await c.post("/v1/sessions/s/messages", json={"message": user("live")})
     await asyncio.wait_for(reader, 10)
     assert seen == [5, 6]
+
+
+def stream_polls(metrics_text: str) -> float:
+    line = next(
+        x for x in metrics_text.splitlines() if x.startswith("contextledger_stream_polls_total")
+    )
+    return float(line.split()[-1])
+
+
+async def test_event_streams_of_one_session_share_one_poll(svc: Running) -> None:
+    """Five live tails of one session: one poll between them (not five), each tail gets the
+    catch-up it asked for and the live event, and the poll ends with the last tail."""
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "w"})
+    await c.post("/v1/sessions/w/messages", json={"message": user("first")})
+    before = stream_polls((await c.get("/metrics")).text)
+    seen: list[list[int]] = [[] for _ in range(5)]
+
+    async def tail(mine: list[int]) -> None:
+        async with c.stream("GET", "/v1/sessions/w/events/stream") as r:
+            async for line in r.aiter_lines():
+                if line.startswith("id: "):
+                    mine.append(int(line[4:]))
+                    if len(mine) == 3:
+                        return
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    readers = [asyncio.create_task(tail(mine)) for mine in seen]
+    await asyncio.sleep(2.0)
+    assert len(svc.app.state.watches) == 1
+    await c.post("/v1/sessions/w/messages", json={"message": user("live")})
+    await asyncio.wait_for(asyncio.gather(*readers), 10)
+    elapsed = loop.time() - started
+    polls = stream_polls((await c.get("/metrics")).text) - before
+    assert seen == [[1, 2, 3]] * 5
+    # one task polling every SSE_POLL_S; five streams polling apiece would be five times that
+    assert 1 <= polls <= elapsed / rest.SSE_POLL_S + 3
+    async with asyncio.timeout(5):
+        while len(svc.app.state.watches):
+            await asyncio.sleep(0.05)
 
 
 async def test_ops_endpoints_and_metrics(svc: Running) -> None:

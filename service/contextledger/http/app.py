@@ -20,6 +20,7 @@ from contextledger.http.metrics import Metrics
 from contextledger.http.settings import Settings
 from contextledger.http.tenancy import Tenants
 from contextledger.http.upstream import CONTROL, Relay
+from contextledger.http.watch import Watches
 
 access_log = structlog.get_logger("contextledger.access")
 VERSION = "0.1.0"
@@ -117,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.relay = relay
     app.state.stopping = asyncio.Event()
     app.state.tails = {}  # tenant -> event streams open (rest.event_stream)
+    app.state.watches = Watches(rest.SSE_POLL_S, metrics.stream_polls.inc)
     problems.install(app)
     app.include_router(rest.router)
     app.include_router(proxy.router)

@@ -57,6 +57,11 @@ class Metrics:
             "contextledger_compactions", "Compactions", ["strategy", "ephemeral"], registry=r
         )
         self.summaries = Counter("contextledger_summaries", "Summarizations", registry=r)
+        self.stream_polls = Counter(
+            "contextledger_stream_polls",
+            "Reads by the shared polls of event streams (one per watched session)",
+            registry=r,
+        )
         self.recall_hits = Counter(
             "contextledger_recall_hits", "Request views that carried a recall block", registry=r
         )

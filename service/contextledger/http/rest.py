@@ -25,6 +25,7 @@ from contextledger.http.auth import current_tenant, tenant_for
 from contextledger.http.guard import check_posted_config
 from contextledger.http.problems import Problem
 from contextledger.http.tenancy import Tenants
+from contextledger.http.watch import Watches
 from contextledger.provider_shapes import render
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
@@ -33,7 +34,11 @@ SessionId = Annotated[str, Field(min_length=1, max_length=200)]
 MAX_BATCH = 1000
 IDEMPOTENCY_KEY_MAX = 200
 IF_MATCH_MAX = 40
+#: How often the one shared poll of a watched session reads what is new (``watch.py``).
 SSE_POLL_S = 0.25
+#: How long a stream sleeps at most between looks at its client, its key and the poll.
+SSE_WAKE_S = 1.0
+SSE_KEEPALIVE_S = 15.0
 #: How often an event stream checks that its key still holds (a revoked key ends it).
 SSE_KEY_CHECK_S = 5.0
 
@@ -454,34 +459,37 @@ async def event_stream(
 
     async def tail() -> AsyncIterator[str]:
         cursor = start
-        idle = 0.0
-        checked = asyncio.get_running_loop().time()
-        while not stopping.is_set() and not await request.is_disconnected():
-            now = asyncio.get_running_loop().time()
-            if now - checked >= SSE_KEY_CHECK_S:
-                checked = now
-                if not await still_allowed():
-                    yield (
-                        "event: error\ndata: "
-                        + json.dumps(
-                            {
-                                "code": "UNAUTHORIZED",
-                                "detail": "the stream's key is no longer valid",
-                            }
-                        )
-                        + "\n\n"
-                    )
-                    return
-            sent = False
-            async for e in session.events(cursor, cursor + 499):
-                yield f"id: {e.seq}\nevent: {e.type}\ndata: {json.dumps(event_out(e))}\n\n"
-                cursor, sent = e.seq + 1, True
-            if not sent:
-                idle += SSE_POLL_S
-                if idle >= 15:
-                    idle = 0.0
+        loop = asyncio.get_running_loop()
+        checked = idle_since = loop.time()
+        watches: Watches = request.app.state.watches
+        async with watches.watching(tenant, session) as watch:
+            while not stopping.is_set() and not await request.is_disconnected():
+                now = loop.time()
+                if now - checked >= SSE_KEY_CHECK_S:
+                    checked = now
+                    if not await still_allowed():
+                        problem = {
+                            "code": "UNAUTHORIZED",
+                            "detail": "the stream's key is no longer valid",
+                        }
+                        yield "event: error\ndata: " + json.dumps(problem) + "\n\n"
+                        return
+                shared = watch.since(cursor)
+                events = (
+                    shared
+                    if shared is not None
+                    else [e async for e in session.events(cursor, cursor + 499)]
+                )
+                for e in events:
+                    yield f"id: {e.seq}\nevent: {e.type}\ndata: {json.dumps(event_out(e))}\n\n"
+                    cursor = e.seq + 1
+                if events:
+                    idle_since = now
+                    continue
+                if now - idle_since >= SSE_KEEPALIVE_S:
+                    idle_since = now
                     yield ": keep-alive\n\n"
-                await asyncio.sleep(SSE_POLL_S)
+                await watch.wait(cursor, SSE_WAKE_S)
 
     return StreamingResponse(
         stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
