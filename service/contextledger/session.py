@@ -44,6 +44,9 @@ from contextledger.settings import settings_change
 from contextledger.store.base import Checkpoint, SessionInfo
 from contextledger.summarizer import FallbackCallback
 
+FOOTPRINT_FIXED = 64 * 1024
+FOOTPRINT_PER_TOKEN = 24
+
 
 class Session:
     """One conversation's memory. Obtain it from ``Ledger.session``.
@@ -104,6 +107,14 @@ class Session:
     @property
     def metadata(self) -> Mapping[str, Any]:
         return self._info.metadata
+
+    @property
+    def footprint(self) -> int:
+        """Bytes this handle holds, estimated from its view's tokens: measured with
+        tracemalloc at 50-800 messages, ~24 bytes a token (the view's items, their counts,
+        the planned and finished request) and ~64 KiB besides. For caches that must bound
+        their memory (the service's session cache)."""
+        return FOOTPRINT_FIXED + FOOTPRINT_PER_TOKEN * max(0, self._view_tokens)
 
     async def refresh(self) -> SessionInfo:
         self._info = await self._store.session_info(self.session_id)

@@ -196,3 +196,27 @@ def test_a_dsn_password_is_redacted_in_every_spelling(dsn: str) -> None:
     out = redact(dsn)
     assert "hunter2" not in out and "hun ter2" not in out
     assert "***" in out
+
+
+async def test_the_session_cache_is_bounded_in_bytes(pg_dsn: str) -> None:
+    """Sessions past the byte bound leave the cache least recently used first; the bound
+    holds however many sessions a client opens, and the newest stays."""
+    cap = 400 * 1024
+    async with running_service(Settings(dsn=pg_dsn, migrate=False, session_cache_bytes=cap)) as svc:
+        c = svc.client
+        tenants = svc.app.state.tenants
+        text = "the harbor crane lifts 1,204 crates each Tuesday " * 20
+        for i in range(8):
+            await c.post("/v1/sessions", json={"session_id": f"b{i}", "model": "gpt-4o"})
+            for _ in range(20):
+                r = await c.post(
+                    f"/v1/sessions/b{i}/messages",
+                    json={"message": {"role": "user", "content": text}},
+                )
+                assert r.status_code == 201, r.text
+            assert tenants.cached_bytes <= cap
+        assert tenants.cached("local", "b7")
+        assert not tenants.cached("local", "b0")
+        # an evicted session is opened again from the ledger, whole
+        r = await c.get("/v1/sessions/b0")
+        assert r.status_code == 200 and r.json()["head"] == 21

@@ -548,3 +548,37 @@ async def test_request_state_notices_a_view_rewritten_by_another_process(pg_dsn:
         sent = await a.get_messages_for_request(token_budget=budget)
         assert sent == await b.view()
         assert len(sent) == 8
+
+
+async def test_footprint_estimates_what_a_session_handle_holds(pg_dsn: str) -> None:
+    """The estimate the service's cache bounds its bytes by, against tracemalloc's count of
+    what reopening a session and building two requests allocates and keeps (PostgreSQL:
+    what the service caches; ``memory://`` holds its sessions in the store anyway)."""
+    async with Ledger.open(pg_dsn) as ledger:
+        await _footprint_against_tracemalloc(ledger)
+
+
+async def _footprint_against_tracemalloc(ledger: Ledger) -> None:
+    import gc
+    import tracemalloc
+
+    session = await ledger.session("footprint", create=True, model="gpt-4o")
+    words = ["harbor", "orchard", "quarry", "lantern", "meadow", "river", "1,204", "Oslo"]
+    for i in range(300):
+        text = " ".join(words[(i * 7 + j) % len(words)] for j in range(60))
+        await session.add_message({"role": ("user", "assistant")[i % 2], "content": text})
+    del session
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        again = await ledger.session("footprint")
+        await again.get_messages_for_request()
+        await again.add_message({"role": "user", "content": "what about the harbor"})
+        await again.get_messages_for_request()
+        gc.collect()
+        held = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    finally:
+        tracemalloc.stop()
+    assert held > 0
+    assert 0.5 <= again.footprint / held <= 2.0, (again.footprint, held)

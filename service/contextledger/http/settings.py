@@ -113,6 +113,11 @@ class Settings:
     sse_tails_per_tenant: int = _knob(
         16, "Event streams (GET …/events/stream) one tenant may hold open at once (429 beyond)."
     )
+    session_cache_bytes: int = _knob(
+        512 * 2**20,
+        "Memory the process's cache of open sessions may hold (estimated from each cached "
+        "session's view: ~24 bytes a token); the least recently used go first.",
+    )
     metrics_token: str | None = _knob(
         None,
         "Bearer token /metrics asks for. Without one, /metrics answers only a service bound "

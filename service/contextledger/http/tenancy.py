@@ -42,7 +42,10 @@ class Tenants:
         self.keys: KeyRing | None = None
         self._pool: asyncpg.Pool | None = None
         self._ledgers: dict[str, Ledger] = {}
-        self._sessions: dict[str, OrderedDict[str, Session]] = {}
+        #: open sessions, least recently used first, across tenants; with the bytes each
+        #: was estimated at when last used (``Session.footprint``) and their sum
+        self._sessions: OrderedDict[tuple[str, str], tuple[Session, int]] = OrderedDict()
+        self.cached_bytes = 0
         self._opening = asyncio.Lock()
         self._head: str | None = None
         self._login: str | None = None  # the DSN logging in as the service role, if it can
@@ -171,7 +174,6 @@ class Tenants:
                     pgbouncer=self.settings.pgbouncer,
                 )
                 self._ledgers[tenant] = found
-                self._sessions[tenant] = OrderedDict()
                 log.info("tenant_opened", tenant=tenant)
         return found
 
@@ -191,20 +193,38 @@ class Tenants:
         if self._deferred:
             await self.settle(tenant, session_id)
         ledger = await self.ledger(tenant)
-        cache = self._sessions[tenant]
-        session = cache.get(session_id)
-        if session is not None:
-            cache.move_to_end(session_id)
-            return session
+        key = (tenant, session_id)
+        cached = self._sessions.get(key)
+        if cached is not None:
+            self._cache(key, cached[0])
+            return cached[0]
         session = await ledger.session(
             session_id, create=create, model=model, config=config, metadata=metadata
         )
-        cache[session_id] = session
-        if len(cache) > SESSION_CACHE:
-            cache.popitem(last=False)
+        self._cache(key, session)
         for callback in self.on_session:
             callback(session)
         return session
+
+    def _cache(self, key: tuple[str, str], session: Session) -> None:
+        """(Re)enter ``session`` as the most recently used, at its current footprint, and
+        drop the least recently used while the cache is over its count or its bytes (the
+        newest always stays: a request holds it)."""
+        old = self._sessions.pop(key, None)
+        if old is not None:
+            self.cached_bytes -= old[1]
+        size = session.footprint
+        self._sessions[key] = (session, size)
+        self.cached_bytes += size
+        cap = self.settings.session_cache_bytes
+        while len(self._sessions) > 1 and (
+            len(self._sessions) > SESSION_CACHE or self.cached_bytes > cap
+        ):
+            _, (_, dropped) = self._sessions.popitem(last=False)
+            self.cached_bytes -= dropped
+
+    def cached(self, tenant: str, session_id: str) -> bool:
+        return (tenant, session_id) in self._sessions
 
     def defer(self, tenant: str, session_id: str, write: Callable[[], Awaitable[None]]) -> None:
         """Run ``write`` (to the session) once the current response is on its way.
@@ -240,7 +260,9 @@ class Tenants:
             await asyncio.wait(list(self._deferred.values()))
 
     def forget(self, tenant: str, session_id: str) -> None:
-        self._sessions.get(tenant, OrderedDict()).pop(session_id, None)
+        dropped = self._sessions.pop((tenant, session_id), None)
+        if dropped is not None:
+            self.cached_bytes -= dropped[1]
 
     def pool_stats(self) -> dict[str, tuple[int, int]]:
         """Per tenant: (connections open, connections idle) of its ledger's pool."""
