@@ -273,6 +273,14 @@ class Session:
         self._ephemeral.clear()
         return await self._append([payload], expected_seq=expected_seq)
 
+    async def branch_seq(self, index: int) -> int | None:
+        """The seq of the event that put the branch's ``index``-th message (0-based) there,
+        or None past its end; read from the branch index, not from the events. With
+        ``request_at`` it answers "what did the request after message ``index`` carry"."""
+        if check_seq(index, "index") is None:
+            raise InvalidArgument("index must be an int in 0..2**63-1", field="index")
+        return await self._store.branch_seq(self.session_id, index)
+
     async def clear(self) -> int:
         self._ephemeral.clear()
         return await self._append([SessionCleared()])

@@ -94,3 +94,18 @@ async def test_an_upstream_failure_keeps_the_message_and_the_retry_is_answered_o
     assert len(retried.messages) < len(history)  # the budgeted view, not the raw history
     assert retried.messages == failed.messages
     assert retried.messages[-1]["content"] == history[-1]["content"]
+
+
+async def test_a_retry_in_another_process_replays_the_view_the_first_try_sent(
+    pg_dsn: str, fake: FakeLLM
+) -> None:
+    """A retry that reaches a process which did not build the first try (another worker,
+    a restart) finds the message by the branch index and replays the request there."""
+    async with service(pg_dsn, fake, True) as svc:
+        history = await converse(client(svc, "elsewhere"), 8)
+    async with service(pg_dsn, fake, True) as svc:
+        retry = history[:-1]
+        await client(svc, "elsewhere").chat.completions.create(model="m", messages=retry)
+    first, again = fake.calls("m")[-2], fake.calls("m")[-1]
+    assert len(first.messages) < len(retry)
+    assert again.messages == first.messages

@@ -582,3 +582,26 @@ async def _footprint_against_tracemalloc(ledger: Ledger) -> None:
         tracemalloc.stop()
     assert held > 0
     assert 0.5 <= again.footprint / held <= 2.0, (again.footprint, held)
+
+
+async def test_branch_seq_reads_the_branch_the_events_fold_to(ledger: Ledger) -> None:
+    session = await ledger.session("branch-seq", create=True, model="gpt-4o")
+    for i in range(4):
+        await session.add_message({"role": "user", "content": f"before {i}"})
+    await session.set_messages([{"role": "user", "content": f"restored {i}"} for i in range(3)])
+    for i in range(3):
+        await session.add_message({"role": "assistant", "content": f"after {i}"})
+    await session.checkpoint("c")
+    await session.add_message({"role": "user", "content": "dropped by the rollback"})
+    await session.rollback("c")
+    await session.add_message({"role": "user", "content": "last"})
+    state = fold([e async for e in session.events()])
+    expected = [item.seq for item in state.branch]
+    assert len(expected) == 7
+    assert [await session.branch_seq(i) for i in range(len(expected) + 2)] == [
+        *expected,
+        None,
+        None,
+    ]
+    with pytest.raises(InvalidArgument):
+        await session.branch_seq(-1)

@@ -24,6 +24,7 @@ idempotency key, so another process that sees the resend first appends it once.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import json
 import logging
@@ -42,7 +43,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from contextledger import Session
 from contextledger.appends import check_size
 from contextledger.core.messages import ROLES, validate_message
-from contextledger.core.projection import fold
 from contextledger.core.shapes import shape_of
 from contextledger.errors import SessionNotFound
 from contextledger.http import upstream
@@ -203,17 +203,34 @@ def _extend(
     known.items.append(message)
 
 
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """The request this process last built for a session: after the branch message
+    written at ``seq``, for ``budget`` and ``model``. A retry of that request (the usual
+    one: the client never saw the answer) is answered from it without a replay."""
+
+    seq: int
+    budget: int | None
+    model: str
+    messages: list[dict[str, Any]]
+
+
+_sent: weakref.WeakKeyDictionary[Session, _Sent] = weakref.WeakKeyDictionary()
+
+
 async def _view_as_sent(
-    session: Session, count: int, token_budget: int | None, provider: Provider
+    session: Session, count: int, token_budget: int | None, model: str
 ) -> list[dict[str, Any]]:
-    """The request view a retried request's first try got: replayed (``request_at``)
-    right after the branch's ``count``-th message, where that try built it, with the
-    same budget. Not the client's raw history: the model sees the same request twice.
-    Reads the session's events (twice); only a retry pays for it."""
-    state = fold([e async for e in session.events()])
-    return await session.request_at(
-        state.branch[count - 1].seq, provider, token_budget=token_budget
-    )
+    """The request view a retried request's first try got: the one this process built
+    right after the branch's ``count``-th message (found by the branch index), or else
+    replayed there (``request_at``) with the same budget. Not the client's raw history:
+    the model sees the same request twice."""
+    seq = await session.branch_seq(count - 1)
+    assert seq is not None  # count <= the branch's length: the caller compared them
+    sent = _sent.get(session)
+    if sent is not None and (sent.seq, sent.budget, sent.model) == (seq, token_budget, model):
+        return sent.messages
+    return await session.request_at(seq, Provider(model), token_budget=token_budget)
 
 
 async def _session(
@@ -482,22 +499,26 @@ async def chat_completions(request: Request) -> Response:
     session = await _session(tenants, tenant, session_id, model, sent)
     k, stored = await _common_prefix(session, sent)
     retry = k == len(sent) and k < stored
+    budget = settings.proxy_token_budget
     if retry:  # a resend of an earlier request: its reply is recorded already
-        outgoing = await _view_as_sent(session, k, settings.proxy_token_budget, Provider(model))
+        outgoing = await _view_as_sent(session, k, budget, model)
     else:
+        last: int | None = None  # the seq of the branch's last message, when written here
         if k < stored:  # the client rewrote its history: record what it now holds
-            await session.set_messages([essence(m) for m in sent])
+            last = await session.set_messages([essence(m) for m in sent])
             _prefixes.pop(session, None)
         else:
             _check(sent[k:], session.config.max_message_bytes)
             for i, m in enumerate(sent[k:], start=k):
                 before = session.head
-                seq = await session.add_message(essence(m), idempotency_key=position_key(i, m))
-                _extend(session, before, seq, m, as_sent=True)
+                last = await session.add_message(essence(m), idempotency_key=position_key(i, m))
+                _extend(session, before, last, m, as_sent=True)
             metrics.appends.inc(len(sent) - k)
         outgoing = await session.get_messages_for_request(
-            token_budget=settings.proxy_token_budget, provider=Provider(model)
+            token_budget=budget, provider=Provider(model)
         )
+        if last is not None:
+            _sent[session] = _Sent(last, budget, model, outgoing)
     # The branch now holds exactly what was sent (appended to, or rewritten to it): the
     # reply's place is right after, where the client's resend will carry it.
     position = len(sent) if not retry else -1
@@ -533,6 +554,8 @@ async def chat_completions(request: Request) -> Response:
             log.info("proxy_fallback", model=target_model, status=exc.status_code)
             skip = 1  # litellm from the first fallback on, as it would go
     litellm = await _litellm()
+    # litellm may rewrite the messages it is given; this process keeps them (``_sent``)
+    outgoing = copy.deepcopy(outgoing)
     kwargs = _litellm_kwargs(settings, upstream.routes(settings, target_model, key)[skip:])
     if extra.get("tools"):
         # litellm 1.106.2 routes any request with tools through its MCP bridge, which

@@ -168,6 +168,11 @@ class Store(abc.ABC):
         """The current branch's messages, uncompacted and without summaries (copies)."""
 
     @abc.abstractmethod
+    async def branch_seq(self, session_id: str, index: int) -> int | None:
+        """The seq of the event that put the branch's ``index``-th message (0-based) there,
+        or None past its end: from the branch index, without reading the messages."""
+
+    @abc.abstractmethod
     def read_events(
         self, session_id: str, from_seq: int = 1, to_seq: int | None = None
     ) -> AsyncIterator[Event]:

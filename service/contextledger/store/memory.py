@@ -321,6 +321,10 @@ class MemoryStore(Store):
     async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(dict(i.message)) for i in self._get(session_id).branch]
 
+    async def branch_seq(self, session_id: str, index: int) -> int | None:
+        branch = self._get(session_id).branch
+        return branch[index].seq if 0 <= index < len(branch) else None
+
     async def read_events(
         self, session_id: str, from_seq: int = 1, to_seq: int | None = None
     ) -> AsyncIterator[Event]:

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from datetime import datetime
 from operator import attrgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import asyncpg
 import structlog
@@ -181,6 +181,8 @@ UNION ALL
 SELECT e.seq * {ORD_STRIDE}, e.seq, 0 FROM {S}.events e
  WHERE e.session_id = $1 AND e.seq > {_BRANCH_BASE} AND e.type = 'message.appended'
 ORDER BY 1"""
+#: The seq behind the branch's $2-th message (0-based): its refs only, no message read.
+BRANCH_SEQ = f"SELECT seq FROM ({READ_BRANCH_REFS}) refs OFFSET $2 LIMIT 1"
 #: The text search configuration recall's stored vectors are built with (``event_search``).
 INDEX_TEXT_CONFIG = "english"
 #: An event's search vector, as 0003 defined it (a message over 16 KiB is indexed by the
@@ -1410,6 +1412,15 @@ class PostgresStore(Store):
         if not rows:
             await self.session_info(session_id)
         return [json.loads(r[1]) for r in rows]
+
+    @translated
+    async def branch_seq(self, session_id: str, index: int) -> int | None:
+        if index < 0:
+            return None
+        seq = await self._pool.fetchval(BRANCH_SEQ, session_id, index)
+        if seq is None:
+            await self.session_info(session_id)  # SessionNotFound for an unknown session
+        return cast(int | None, seq)
 
     @translated_iter
     async def read_events(
