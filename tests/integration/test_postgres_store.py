@@ -445,3 +445,28 @@ async def _hold(dsn: str, ids: list[str]) -> tuple[Any, Any]:
         "SELECT 1 FROM contextledger.sessions WHERE session_id = ANY($1) FOR UPDATE", ids
     )
     return blocker, tx
+
+
+async def test_a_store_serving_many_sessions_holds_bounded_per_session_state(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chain tips are remembered up to MAX_HEADS (a forgotten one is read again, and the
+    append still lands on the chain); a session's write lock lives only while in use."""
+    import gc
+
+    from contextledger.store import postgres
+
+    monkeypatch.setattr(postgres, "MAX_HEADS", 8)
+    async with Ledger.open(pg_dsn) as ledger:
+        store = ledger.store
+        assert isinstance(store, postgres.PostgresStore)
+        sessions = [await ledger.session(f"many-{i}", create=True) for i in range(20)]
+        for s in sessions:
+            await s.add_message({"role": "user", "content": "hello"})
+        assert len(store._heads) <= 8
+        for s in sessions:  # the first twelve were forgotten: their heads are read again
+            await s.add_message({"role": "user", "content": "again"})
+        for s in sessions:
+            assert (await s.verify()).ok and s.head == 3
+        gc.collect()
+        assert len(store._locks) == 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from datetime import datetime
 from operator import attrgetter
@@ -223,6 +224,8 @@ CLOSED = -1
 RECHECK_AFTER = 64
 #: Sessions whose closed gate a store remembers (the oldest is forgotten first).
 MAX_REMEMBERED = 4096
+#: Chain tips remembered (``_remember_head``): ~200 bytes each.
+MAX_HEADS = 65536
 
 
 class _ClosedGate(NamedTuple):
@@ -649,8 +652,9 @@ class PostgresStore(Store):
         self._search_pool = search_pool  # live searches (``_SEARCH_CONNECTION``), if any
         self._search_refused_at: float | None = None  # when the server last refused it one
         self._dsn = dsn
-        self._heads: dict[str, tuple[int, str]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._heads: dict[str, tuple[int, str]] = {}  # bounded: _remember_head
+        #: a lock lives while a writer holds or awaits it: one per session in use, not ever seen
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # Appends run on connections kept out of the pool: acquiring and releasing a
         # pooled connection per statement cost ~40-55 µs (bench/ledger.py). At most half
         # the pool (none of a pool of one: kept out, it left reads none and they waited
@@ -835,6 +839,15 @@ class PostgresStore(Store):
         else:
             self._idle.append(conn)
 
+    def _remember_head(self, session_id: str, head: tuple[int, str]) -> None:
+        """Note the chain's tip as this store extended it (a miss is one read): the
+        oldest noted go first past ``MAX_HEADS``, so a process serving many sessions
+        over months holds a bounded map."""
+        heads = self._heads
+        if session_id not in heads and len(heads) >= MAX_HEADS:
+            del heads[next(iter(heads))]
+        heads[session_id] = head
+
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._locks.get(session_id)
         if lock is None:
@@ -874,7 +887,7 @@ class PostgresStore(Store):
             raise SessionExists(
                 f"session {session_id!r} already exists", session_id=session_id
             ) from None
-        self._heads[session_id] = (1, event.hash)
+        self._remember_head(session_id, (1, event.hash))
         return SessionInfo(
             session_id,
             created_at,
@@ -897,7 +910,7 @@ class PostgresStore(Store):
         info = _info(row)
         if self._heads.get(session_id) != (info.head, info.last_hash):
             self._closed.pop(session_id, None)  # another writer moved the chain
-        self._heads[session_id] = (info.head, info.last_hash)
+        self._remember_head(session_id, (info.head, info.last_hash))
         return info
 
     @translated
@@ -1039,7 +1052,7 @@ class PostgresStore(Store):
             except asyncpg.DeadlockDetectedError:  # our one row lock queued behind a cycle
                 view_tokens = None
             if view_tokens is not None:
-                self._heads[session_id] = (event.seq, event.hash)
+                self._remember_head(session_id, (event.seq, event.hash))
                 self._advance(session_id, (head, last_hash), (event.seq, event.hash))
                 return AppendResult((event.seq,), False, view_tokens, event.hash)
             # The head moved under us (another process) or the session is gone.
@@ -1115,7 +1128,7 @@ class PostgresStore(Store):
                     return await self._duplicate(session_id, key, payloads[-1].to_data())
                 raise
             if view_tokens is not None:
-                self._heads[session_id] = (events[-1].seq, events[-1].hash)
+                self._remember_head(session_id, (events[-1].seq, events[-1].hash))
                 self._advance(session_id, (head, last_hash), (events[-1].seq, events[-1].hash))
                 return AppendResult(tuple(e.seq for e in events), False, view_tokens, prev)
             head, last_hash = await self._head(session_id, fresh=True)
@@ -1246,7 +1259,7 @@ class PostgresStore(Store):
                 view_base,
                 branch_base,
             )
-        self._heads[session_id] = (last.seq, last.hash)
+        self._remember_head(session_id, (last.seq, last.hash))
         self._closed.pop(session_id, None)  # not a message: the gate is probed again
         return AppendResult(
             tuple(e.seq for e in step.events), False, step.state.view_tokens, last.hash
