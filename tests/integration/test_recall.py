@@ -629,6 +629,39 @@ async def test_the_postings_migration_moves_the_vectors_and_downgrades(pg_dsn: s
             assert any("18443" in b for b in recall_blocks(request))
 
 
+async def test_a_postings_length_is_the_message_in_tokens_and_0015_sets_the_old_rows(
+    pg_dsn: str,
+) -> None:
+    """BM25's ``dl`` is a message's length in tokens: a message repeating one sentence
+    five times is five times as long, not as long as the sentence (0010 stored the
+    distinct lexemes, and such a message outranked the one that said a thing once).
+    0015 sets the rows written before it; its downgrade restores the old lengths."""
+    from alembic import command
+
+    from contextledger.store.migrate import alembic_config
+
+    lengths = (
+        "SELECT seq, min(dl), sum(tf), count(*) - 1 FROM contextledger.event_terms"
+        " WHERE session_id = 'len' GROUP BY seq ORDER BY seq"
+    )
+    async with scratch_database() as dsn:
+        async with Ledger.open(dsn, migrate=True) as ledger:
+            session = await ledger.session("len", create=True)
+            await session.add_message({"role": "user", "content": "wren notifier owner. " * 5})
+            await session.add_message({"role": "user", "content": "owner of wren notifier?"})
+            await session.get_messages_for_request()
+        conn = await asyncpg.connect(asyncpg_dsn(dsn))
+        try:
+            rows = await conn.fetch(lengths)
+            assert [(r[1], r[2], r[3]) for r in rows] == [(15, 15, 3), (3, 3, 3)]
+            await asyncio.to_thread(command.downgrade, alembic_config(dsn), "0011")
+            assert [r[1] for r in await conn.fetch(lengths)] == [3, 3]
+            await upgrade(dsn)
+            assert [r[1] for r in await conn.fetch(lengths)] == [15, 3]
+        finally:
+            await conn.close()
+
+
 async def test_the_search_reads_each_match_by_its_key(pg_dsn: str) -> None:
     """The matches' messages are read by primary key, the seq an index condition: as a
     join the generic plan scanned all the session's events for each match (44 of a 45 ms

@@ -50,8 +50,9 @@ class _Postings:
 
     text_config: str
     upto: int = 0
-    #: per seq: each lexeme's count in the message (its length is the message's ``dl``)
+    #: per seq: each lexeme's count in the message, and their sum (the message's ``dl``)
     counts: dict[int, dict[str, int]] = field(default_factory=dict)
+    lengths: dict[int, int] = field(default_factory=dict)
     postings: dict[str, list[int]] = field(default_factory=dict)
     _lexer: Lexer | None = field(default=None, repr=False, compare=False)
 
@@ -68,6 +69,7 @@ class _Postings:
         for term in self.lex(text):
             counts[term] = counts.get(term, 0) + 1
         self.counts[seq] = counts
+        self.lengths[seq] = min(sum(counts.values()), 32767)
         for term in counts:
             self.postings.setdefault(term, []).append(seq)
 
@@ -365,7 +367,7 @@ class MemoryStore(Store):
 
             def read(term: str, n: int) -> list[tuple[int, int, int]]:
                 seqs = index.newest(term, top, keep, n)
-                return [(q, index.counts[q][term], len(index.counts[q])) for q in seqs]
+                return [(q, index.counts[q][term], index.lengths[q]) for q in seqs]
 
             for term in terms:
                 rows = read(term, lexical.PER_TERM)

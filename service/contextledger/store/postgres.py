@@ -237,13 +237,21 @@ class _ClosedGate(NamedTuple):
 
 
 #: A message's postings from its vector ``v`` (migration 0010 spells the same rows).
+#: ``dl`` is the message's length in tokens (its lexemes' counts summed), as BM25 has it:
+#: with the number of distinct lexemes (before 0012), a message repeating one sentence
+#: five times had each word's tf at 5 and the length of one sentence.
 POSTINGS = """
     SELECT v.session_id, t.lexeme, v.seq, v.tenant_id,
            least(coalesce(array_length(t.positions, 1), 1), 32767)::smallint AS tf,
-           least(length(v.v), 32767)::smallint AS dl
-      FROM {src} v CROSS JOIN LATERAL unnest(v.v) t
+           least(n.dl, 32767)::smallint AS dl
+      FROM {src} v
+     CROSS JOIN LATERAL (SELECT sum(coalesce(array_length(u.positions, 1), 1))::int AS dl
+                           FROM unnest(v.v) u) n
+     CROSS JOIN LATERAL unnest(v.v) t
     UNION ALL
-    SELECT v.session_id, '', v.seq, v.tenant_id, 0::smallint, least(length(v.v), 32767)::smallint
+    SELECT v.session_id, '', v.seq, v.tenant_id, 0::smallint,
+           least((SELECT sum(coalesce(array_length(u.positions, 1), 1))::int
+                    FROM unnest(v.v) u), 32767)::smallint
       FROM {src} v"""
 #: Postings are not written by appends (0006, 0010: the parser would run in every append):
 #: the search indexes the session's message events above its highest indexed seq, up to
