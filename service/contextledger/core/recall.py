@@ -156,15 +156,18 @@ def asks_about_past(query: str) -> bool:
 
 
 def leaves_out(view_tokens: int, request: Sequence[ViewItem]) -> bool:
-    """Whether a request view leaves out part of the view (``view_tokens``, all of it): only
-    then is there anything for a wider recall to bring back (a short session's question
-    keeps its whole view)."""
+    """Whether a request view leaves out part of the view (``view_tokens``, all of it) or
+    carries a summary (which leaves out the detail of what it covers): only then is there
+    anything for a wider recall to bring back (a short session's question keeps its whole
+    view)."""
+    if any(i.kind == "summary" for i in request):
+        return True
     return view_tokens > sum(i.tokens for i in request if i.kind != "ephemeral")
 
 
 def make_room(view: Sequence[ViewItem], tokens: int) -> int:
     """How many of ``view``'s oldest items (after its leading system messages) to leave
-    out so recall gains at most ``tokens``: plain messages only, never the latest human
+    out so recall gains at most ``tokens``: messages and summaries only, never the latest human
     turn or what follows it, and never a cut that would leave a tool result without its
     call. Returns the end index of that run (its start is ``room_start(view)``)."""
     start = room_start(view)
@@ -174,7 +177,7 @@ def make_room(view: Sequence[ViewItem], tokens: int) -> int:
     best, used = start, 0
     for index in range(start, last):
         item = view[index]
-        if item.kind not in CARRIED_KINDS:
+        if item.kind not in ROOM_KINDS:
             break
         used += item.tokens
         if used > tokens:
@@ -235,6 +238,10 @@ def query_text(view: Sequence[ViewItem]) -> str:
 #: View items that stand for ledger messages (a summary's seq is not a message's, an
 #: ephemeral message is in no ledger): what a request carries, as recall sees it.
 CARRIED_KINDS = frozenset({"message", "synthetic"})
+#: What a question's wider recall may take the room of: the oldest messages, and the
+#: summaries among them (a question about the past is better served by the turns it
+#: matches than by the gist of the oldest ones; unused room gives them back).
+ROOM_KINDS = CARRIED_KINDS | {"summary"}
 
 
 def query_end(view: Sequence[ViewItem]) -> int | None:

@@ -331,6 +331,27 @@ def test_only_a_request_that_leaves_something_out_widens() -> None:
     assert leaves_out(whole + 1, view)
 
 
+def test_a_summary_leaves_detail_out_and_its_room_may_go_to_recall() -> None:
+    """A request carrying a summary leaves out what the summary covers, even when the
+    whole view fits; a question's wider recall may take the summary's room with the
+    oldest messages' (unused room gives it back), never the latest turn's."""
+    view = items(
+        [
+            {"role": "system", "content": "sys"},
+            Spec({"role": "user", "content": "summary of the first days " * 8}, kind="summary"),
+            user("a" * 40),
+            assistant("b" * 40),
+            user("what was the port?"),
+        ]
+    )
+    whole = sum(i.tokens for i in view)
+    assert leaves_out(whole, view)
+    tokens = [i.tokens for i in view]
+    assert make_room(view, tokens[1]) == 2
+    assert make_room(view, sum(tokens[1:4])) == 4
+    assert make_room(view, 10**6) == 4
+
+
 def test_neighbours_follow_the_next_match() -> None:
     assert with_neighbours([10, 20, 30], {9, 11, 19, 31, 40}) == [10, 20, 9, 11, 30, 19, 31]
     assert with_neighbours([10, 11], {9, 10, 11, 12}) == [10, 11, 9, 12]
