@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import structlog
@@ -47,12 +47,14 @@ from contextledger import Ledger
 
 try:
     from bench._pg import embedded_server, install_sigterm_handler, scratch_database
+    from bench.results import write as write_results
 except ImportError:  # run as a script: bench/ itself is sys.path[0]
     from _pg import (  # type: ignore[no-redef]
         embedded_server,
         install_sigterm_handler,
         scratch_database,
     )
+    from results import write as write_results  # type: ignore[no-redef]
 
 SERVICES = (
     "orchard-api", "quill-indexer", "lantern-cache", "tidepool-worker", "sparrow-auth",
@@ -452,6 +454,15 @@ async def main_async(args: argparse.Namespace, pg_dsn: str | None) -> None:
         else:
             rows += await run_store(pg_dsn, "postgres", args, turns, facts)
     summary(rows)
+    if not args.quick:
+        name = (
+            "recall"
+            if args.configs == list(CONFIGS)
+            else "recall-" + "-".join(c.replace(" ", "_") for c in args.configs)
+        )
+        run = {"turns": args.turns, "facts": args.facts, "changed": args.changed}
+        path = write_results(name, {**run, "rows": [asdict(r) for r in rows]})
+        print(f"\nfigures: {path}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
