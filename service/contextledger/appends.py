@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
 
 from contextledger._checks import check_key, check_mapping, check_seq, checked_tokens
-from contextledger.core.config import ContextConfig
 from contextledger.core.encoding import dumps
 from contextledger.core.events import (
     CheckpointCreated,
@@ -42,8 +41,8 @@ from contextledger.errors import (
     InvalidArgument,
     InvalidMessage,
 )
-from contextledger.protocols import LedgerHandle
-from contextledger.store.base import AppendResult, SessionInfo, Store
+from contextledger.session_state import SessionState
+from contextledger.store.base import AppendResult, SessionInfo
 
 __all__ = [
     "AppendingSession",
@@ -76,13 +75,6 @@ class AppendingSession(Protocol):
 
     session_id: str
     counter: TokenCounter
-    _store: Store
-    _ledger: LedgerHandle
-    _config: ContextConfig
-    _head: int
-    _known: tuple[int, str]
-    _view_tokens: int
-    _ephemeral: list[ViewItem]
 
     @property
     def _requests(self) -> PlannedRequests: ...
@@ -177,8 +169,9 @@ def summary_payload(
 class WritePath:
     """Message appends for one ``Session``, with the open tool calls at the tail."""
 
-    def __init__(self, session: AppendingSession) -> None:
+    def __init__(self, session: AppendingSession, state: SessionState) -> None:
         self._s = session
+        self._state = state
         self._open: OpenCalls | None = None
         self._tail_known = False
 
@@ -191,26 +184,24 @@ class WritePath:
         """Append; keep the session's head and the request state in step without reading
         anything back (``RequestPath.on_append``); a view rewrite resets what was cached."""
         s = self._s
-        s._ledger._check_open()
-        prior = s._head
+        self._state.ledger._check_open()
+        prior = self._state.head
 
         def call() -> Awaitable[AppendResult]:
-            return s._store.append(
+            return self._state.store.append(
                 s.session_id,
                 payloads,
                 created_at=utc_now(),
                 expected_seq=expected_seq,
                 idempotency_key=idempotency_key,
-                known=s._known,
+                known=self._state.known,
             )
 
-        policy = getattr(s._ledger, "retry_appends", None)
+        policy = getattr(self._state.ledger, "retry_appends", None)
         result = await (policy.run(call) if policy and idempotency_key else call())
         if result.duplicate:
             return result.seqs
-        s._head = max(s._head, result.seq)
-        s._known = (result.seq, result.last_hash)
-        s._view_tokens = result.view_tokens
+        self._state.advance(result.seq, result.last_hash, view_tokens=result.view_tokens)
         if rewrites_view(payloads):
             s._requests.view_changed()
             self.forget_tail()
@@ -227,7 +218,9 @@ class WritePath:
         first = last - len(payloads) + 1
         stored = []
         if first >= 1:
-            stored = [e.payload async for e in s._store.read_events(s.session_id, first, last)]
+            stored = [
+                e.payload async for e in self._state.store.read_events(s.session_id, first, last)
+            ]
         if stored != list(payloads):
             raise IdempotencyConflict(
                 f"idempotency key {key!r} was used for a different batch (ending at seq {last})",
@@ -244,7 +237,7 @@ class WritePath:
             last = self._s._requests.current_tail(64)
             if last is None:  # the last unit, whatever its size: never the whole view
                 s = self._s
-                last = list((await s._store.read_view_tail(s.session_id, 1)).items)
+                last = list((await self._state.store.read_view_tail(s.session_id, 1)).items)
             self._open = open_calls_at_tail(last)
             self._tail_known = True
 
@@ -265,18 +258,18 @@ class WritePath:
         if not isinstance(critical, bool) or not isinstance(ephemeral, bool):
             raise InvalidArgument("critical and ephemeral must be bools")
         tokens = checked_tokens(s.counter.count_message(copied))
-        check_size(copied, s._config.max_message_bytes)
+        check_size(copied, self._state.config.max_message_bytes)
         if ephemeral:
             if key is not None or expected is not None:
                 raise InvalidArgument(
                     "an ephemeral message takes no idempotency_key or "
                     "expected_seq: it is never written"
                 )
-            n = len(s._ephemeral)
-            s._ephemeral.append(
+            n = len(self._state.ephemeral)
+            self._state.ephemeral.append(
                 ViewItem(
-                    ref=(-s._head, n),
-                    ord=s._head * ORD_STRIDE + ORD_STRIDE // 2 + n,
+                    ref=(-self._state.head, n),
+                    ord=self._state.head * ORD_STRIDE + ORD_STRIDE // 2 + n,
                     message=copied,
                     tokens=tokens,
                     critical=critical,
@@ -292,7 +285,7 @@ class WritePath:
         ]
         # Synthetic results are decided from this process's view of the tail: pin the
         # batch to the head they were decided at, and decide again if someone wrote.
-        pin = s._head if synthetic and expected is None else expected
+        pin = self._state.head if synthetic and expected is None else expected
         try:
             seq = (await self.append(payloads, pin, key))[-1]
         except ConcurrencyError:
@@ -314,7 +307,7 @@ class WritePath:
     ) -> list[int]:
         """``Session.add_messages`` up to the append: all the messages or none."""
         s = self._s
-        s._ledger._check_open()
+        self._state.ledger._check_open()
         if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
             raise InvalidArgument("add_messages takes a list of messages")
         if not isinstance(critical, bool):
@@ -323,7 +316,7 @@ class WritePath:
         expected = check_seq(expected_seq, "expected_seq")
         copies = [validate_message(m) for m in messages]
         for m in copies:
-            check_size(m, s._config.max_message_bytes)
+            check_size(m, self._state.config.max_message_bytes)
         if not copies:
             return []
         counts = [checked_tokens(s.counter.count_message(m)) for m in copies]
@@ -336,7 +329,7 @@ class WritePath:
                 for m, t in zip(copies, counts, strict=True)
             ),
         ]
-        pin = s._head if synthetic and expected is None else expected
+        pin = self._state.head if synthetic and expected is None else expected
         try:
             seqs = await self.append(payloads, pin, key)
         except ConcurrencyError:

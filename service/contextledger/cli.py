@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import json
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -467,12 +467,7 @@ async def rebuild(ctx: click.Context, session_id: str | None, force: bool) -> No
 async def purges(ctx: click.Context, as_json: bool, full: bool) -> None:
     """List purged sessions: what was removed, by whom, when and why."""
     async with _open(ctx) as ledger:
-        list_fn: Callable[[], Awaitable[list[dict[str, Any]]]] | None = getattr(
-            ledger.store, "purges", None
-        )
-        if list_fn is None:
-            raise click.UsageError("purge records live in PostgreSQL; this store has none")
-        records = await list_fn()
+        records = await ledger.store.purges()
     if as_json:
         _echo_json(records)
         return
@@ -501,10 +496,7 @@ async def purges(ctx: click.Context, as_json: bool, full: bool) -> None:
 async def purge(ctx: click.Context, session_id: str, reason: str) -> None:
     """The one audited way to remove a session from the ledger."""
     async with _open(ctx) as ledger:
-        purge_fn: Callable[[str, str], Awaitable[int]] | None = getattr(ledger.store, "purge", None)
-        if purge_fn is None:
-            raise click.UsageError("purge needs a PostgreSQL store")
-        n = await purge_fn(session_id, reason)
+        n = await ledger.store.purge(session_id, reason)
         console.print(f"purged {session_id}: {n} events (audited)")
 
 

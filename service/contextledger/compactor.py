@@ -35,8 +35,7 @@ from contextledger.core.tokens import TokenCounter
 from contextledger.core.view import ViewItem
 from contextledger.errors import CompactionError, InvalidArgument
 from contextledger.hooks import CompactContext, CompactDecision, HookBus, PreCompactHandler
-from contextledger.protocols import LedgerHandle
-from contextledger.store.base import Store
+from contextledger.session_state import SessionState
 from contextledger.summarizer import FallbackCallback, ModelSpec, summarize
 
 log = structlog.get_logger(__name__)
@@ -52,9 +51,6 @@ class CompactedSession(Protocol):
     hooks: HookBus
     pre_compact: PreCompactHandler | None
     on_fallback: FallbackCallback | None
-    _config: ContextConfig
-    _store: Store
-    _ledger: LedgerHandle
 
     @property
     def config(self) -> ContextConfig: ...
@@ -77,8 +73,9 @@ class ManageResult:
 class Compactor:
     """Compaction decisions for one ``Session``, recorded through that session."""
 
-    def __init__(self, session: CompactedSession) -> None:
+    def __init__(self, session: CompactedSession, state: SessionState) -> None:
         self._s = session
+        self._state = state
         self._compacting = False
         self._summary_task: asyncio.Task[None] | None = None
         #: the last background summary that failed (typed), ``None`` once one succeeds
@@ -103,7 +100,7 @@ class Compactor:
         token_budget: int | None = None,
     ) -> int:
         """``Session.compact``: checkpoint + compaction event; the tokens saved."""
-        name = strategy or self._s._config.compaction_strategy
+        name = strategy or self._state.config.compaction_strategy
         if name not in STRATEGIES:
             raise InvalidArgument(
                 f"unknown strategy {name!r}; one of {STRATEGIES}", field="strategy"
@@ -111,8 +108,8 @@ class Compactor:
         if trigger not in ("manual", "auto"):
             raise InvalidArgument("trigger is 'manual' or 'auto'", field="trigger")
         budget = self._s.budget(token_budget).available
-        _, _, target = thresholds(max(1, budget), self._s._config)
-        items = await self._s._store.read_view(self._s.session_id)
+        _, _, target = thresholds(max(1, budget), self._state.config)
+        items = await self._state.store.read_view(self._s.session_id)
         before = sum(i.tokens for i in items)
         decision = await hk.decide(
             self._s.pre_compact, CompactContext(trigger, before, target, len(items), None)
@@ -162,7 +159,7 @@ class Compactor:
         await self._s.hooks.emit(
             hk.POST_COMPACT,
             {
-                "message_count": len(await self._s._store.read_view(self._s.session_id)),
+                "message_count": len(await self._state.store.read_view(self._s.session_id)),
                 "tokens": after,
                 "tokens_before": before,
                 "tokens_after": after,
@@ -186,7 +183,7 @@ class Compactor:
             items,
             target_tokens=target,
             budget_tokens=budget,
-            config=self._s._config,
+            config=self._state.config,
             counter=self._s.counter,
             strategy=strategy,
         )
@@ -225,10 +222,10 @@ class Compactor:
 
     def _model_specs(self) -> list[Any]:
         specs = []
-        for m in self._s._config.summarizer.models:
+        for m in self._state.config.summarizer.models:
             key = m.api_key
             if key in (None, REDACTED):
-                key = self._s._ledger._secrets.get((m.model, m.api_base))
+                key = self._state.ledger._secrets.get((m.model, m.api_base))
             specs.append(
                 ModelSpec(
                     m.model,
@@ -244,7 +241,7 @@ class Compactor:
         self, items: Sequence[ViewItem], budget: int, decision: CompactDecision, trigger: str
     ) -> int:
         """Fold older turns into one rolling summary event; nothing is written on failure."""
-        scfg = self._s._config.summarizer
+        scfg = self._state.config.summarizer
         refs = select_for_summary(
             items,
             preserve_recent_turns=scfg.preserve_recent_turns,
@@ -341,8 +338,8 @@ class Compactor:
         actions: list[str] = []
         state = str(current.state)
         if state == "warning":
-            items = await self._s._store.read_view(self._s.session_id)
-            pruned = prune_tool_outputs(items, config=self._s._config, counter=self._s.counter)
+            items = await self._state.store.read_view(self._s.session_id)
+            pruned = prune_tool_outputs(items, config=self._state.config, counter=self._s.counter)
             saved = await self._record_plan(items, (), pruned, "prune") if pruned else 0
             if saved:
                 actions.append(f"pruned {len(pruned)} tool outputs ({saved} tokens)")
@@ -350,7 +347,7 @@ class Compactor:
             saved = await self.compact(trigger=trigger)
             if saved:
                 actions.append(
-                    f"compacted with {self._s._config.compaction_strategy} ({saved} tokens)"
+                    f"compacted with {self._state.config.compaction_strategy} ({saved} tokens)"
                 )
         elif state == "overflow":
             await self._s.hooks.emit(
@@ -366,8 +363,8 @@ class Compactor:
     def summarize_in_background(self, planner: RequestPlanner) -> None:
         """With ``summarize``, fold what the cut passed into a rolling summary, off the
         turn's path: the request was already served with the truncate fit."""
-        scfg = self._s._config.summarizer
-        if self._s._config.compaction_strategy != "summarize":
+        scfg = self._state.config.summarizer
+        if self._state.config.compaction_strategy != "summarize":
             planner.take_dropped()
             return
         if self._summary_task is not None and not self._summary_task.done():
@@ -411,13 +408,13 @@ class Compactor:
             first = prior.place
         task = asyncio.get_running_loop().create_task(self._summarize_range(covered, prior, first))
         self._summary_task = task
-        self._s._ledger._background.add(task)
-        task.add_done_callback(self._s._ledger._background.discard)
+        self._state.ledger._background.add(task)
+        task.add_done_callback(self._state.ledger._background.discard)
 
     async def _summarize_range(
         self, covered: Sequence[ViewItem], prior: ViewItem | None, first: tuple[int, int]
     ) -> None:
-        scfg = self._s._config.summarizer
+        scfg = self._state.config.summarizer
         counter = self._s.counter
         try:
             texts = [dict(i.message) for i in covered if i.kind != "summary"]

@@ -266,7 +266,7 @@ class Ledger:
         if changed or new_model:
             await session._change(wanted if changed else None, new_model)
         if not changed:
-            session._config = wanted  # same settings, possibly with this process's secrets
+            session._state.config = wanted  # same settings, possibly with this process's secrets
         return session
 
     async def sessions(

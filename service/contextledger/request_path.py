@@ -57,6 +57,7 @@ from contextledger.recall import (
     search_for,
     with_recall,
 )
+from contextledger.session_state import SessionState
 from contextledger.store.base import AppendResult, Store
 
 __all__ = ["RequestPath", "RequestingSession", "target_model"]
@@ -76,12 +77,8 @@ class RequestingSession(Protocol):
     session_id: str
     counter: TokenCounter
     hooks: HookBus
-    _store: Store
+    _store: Store  # for recall.py's RecallingSession (handles, not state)
     _ledger: LedgerHandle
-    _config: ContextConfig
-    _head: int
-    _known: tuple[int, str]
-    _ephemeral: list[ViewItem]
 
     @property
     def model(self) -> str | None: ...
@@ -138,8 +135,9 @@ class RequestPath:
     the next append slowed the turn (1.6 -> 1.7-2.0 ms at 1,000-3,000 turns, bench/turns.py).
     """
 
-    def __init__(self, session: RequestingSession) -> None:
+    def __init__(self, session: RequestingSession, state: SessionState) -> None:
         self._s = session
+        self._state = state
         #: the planner (O(budget) items), the raw budget it was built for, and the head
         #: whose events it has consumed
         self.planner: RequestPlanner | None = None
@@ -192,27 +190,27 @@ class RequestPath:
         one per session in flight, registered with the ledger (whose close waits for it);
         nothing here may fail the append that triggered it."""
         s = self._s
-        cfg = s._config
+        cfg = self._state.config
         room = self._room
-        if not room or not s._store.concurrent_search or cfg.recall.engine == "hybrid":
+        if not room or not self._state.store.concurrent_search or cfg.recall.engine == "hybrid":
             return
         previous, self._spec = self._spec, None
         if previous is not None and not previous.task.done():
             return  # calls appended faster than searches run: the requests search
         try:
-            items = planner.view(s._ephemeral)
+            items = planner.view(self._state.ephemeral)
             end = query_end(items)
             at = latest_turn(items)
             if end is None or at is None or not splice_safe(items, at):
                 return
-            anchor = anchor_of(items, end, s._head)
+            anchor = anchor_of(items, end, self._state.head)
             if anchor != items[end].ref[0] or carried_seqs(items[end + 1 :], anchor):
                 return
         except Exception as exc:  # (CompactionError: the request will say so)
             log.debug("recall_speculation_skipped", error=type(exc).__name__)
             return
-        task = asyncio.ensure_future(search_for(s, items, room, cfg, s._head))
-        background = s._ledger._background
+        task = asyncio.ensure_future(search_for(s, items, room, cfg, self._state.head))
+        background = self._state.ledger._background
         background.add(task)
         task.add_done_callback(background.discard)
         task.add_done_callback(_retrieved)
@@ -237,7 +235,7 @@ class RequestPath:
             and spec.room == room
             and spec.config is cfg
             and len(spec.prefix) == end + 1
-            and anchor_of(items, end, self._s._head) == spec.anchor
+            and anchor_of(items, end, self._state.head) == spec.anchor
             and not (spec.task.done() and (spec.task.cancelled() or spec.task.exception()))
             and tuple(items[: end + 1]) == spec.prefix
             and not carried_seqs(items[end + 1 :], spec.anchor)
@@ -256,7 +254,7 @@ class RequestPath:
             return await asyncio.shield(speculated)
         except Exception:
             s = self._s
-            return await search_for(s, items, room, s._config, s._head)
+            return await search_for(s, items, room, self._state.config, self._state.head)
 
     async def close(self, wait_seconds: float) -> None:
         """Wait for a speculation in flight (a search of about a millisecond), at most
@@ -272,7 +270,7 @@ class RequestPath:
     def current_tail(self, n: int) -> list[ViewItem] | None:
         """The view's last ``n`` items, if the planner has seen up to the head."""
         planner = self.planner
-        if planner is not None and self._planned == self._s._head:
+        if planner is not None and self._planned == self._state.head:
             return planner.last_items(n)
         return None
 
@@ -281,11 +279,11 @@ class RequestPath:
     async def build(self, token_budget: int | None, provider: Any | None) -> list[dict[str, Any]]:
         """``Session.get_messages_for_request`` for a provider object (or none)."""
         s = self._s
-        s._ledger._check_open()
+        self._state.ledger._check_open()
         budget = s.budget(token_budget, provider).available
         if token_budget is not None:
             self.token_budget = token_budget
-        cfg = s._config
+        cfg = self._state.config
         recall_room = reserve_for(budget, cfg.recall)  # the recall block's share
         extra = extra_for(budget, cfg.recall)  # and what it may take for a question
         budget -= recall_room
@@ -293,7 +291,7 @@ class RequestPath:
         planner = await self._request_planner(budget, recall_room)
         # 2. fit (ephemeral messages merged in; the engine only when over the budget)
         try:
-            items = planner.view(s._ephemeral)
+            items = planner.view(self._state.ephemeral)
         except CompactionError as exc:
             await s.hooks.emit(
                 hk.OVERFLOW, {"estimated_tokens": planner.tokens, "context_limit": budget}
@@ -315,7 +313,7 @@ class RequestPath:
         if at is None or not splice_safe(items, at) or (extra and asks(items)):
             self._drop_speculation()
             sent = await with_recall(
-                s, items, recall_room, cfg, upto_seq=s._head, branch=None, extra=extra
+                s, items, recall_room, cfg, upto_seq=self._state.head, branch=None, extra=extra
             )
             return finish_request_view(
                 sent, target_model=model, cache=self._finished, sized_for=len(items)
@@ -327,7 +325,7 @@ class RequestPath:
             )
         else:
             search = asyncio.ensure_future(
-                recall_block(s, items, recall_room, cfg, upto_seq=s._head, branch=None)
+                recall_block(s, items, recall_room, cfg, upto_seq=self._state.head, branch=None)
             )
             await asyncio.sleep(0)  # the search runs up to its first wait: the statement is sent
         try:
@@ -356,7 +354,7 @@ class RequestPath:
                 "tokens_before": tokens,
                 "tokens_after": after,
                 "tokens_saved": max(0, tokens - after),
-                "strategy": self._s._config.compaction_strategy,
+                "strategy": self._state.config.compaction_strategy,
                 "ephemeral": True,
             },
         )
@@ -367,13 +365,14 @@ class RequestPath:
         tail (O(budget) rows) when the view was rewritten or the budget changed."""
         s = self._s
         planner = self.planner
-        if planner is not None and (self._planner_budget != budget or planner.config != s._config):
+        if planner is not None and (
+            self._planner_budget != budget or planner.config != self._state.config
+        ):
             planner = None
         if planner is not None and not self._checked:
-            info = await s._store.session_info(s.session_id)
-            s._head = max(s._head, info.head)
-            s._known = (info.head, info.last_hash)
-        if planner is not None and self._planned < s._head:
+            info = await self._state.store.session_info(s.session_id)
+            self._state.advance(info.head, info.last_hash)
+        if planner is not None and self._planned < self._state.head:
             planner = await self._catch_up(planner)
         if planner is None:
             planner = await self._load_planner(budget, recall_room)
@@ -383,7 +382,7 @@ class RequestPath:
     async def _catch_up(self, planner: RequestPlanner) -> RequestPlanner | None:
         """Feed the planner the events it has not seen; None if one rewrote the view."""
         s = self._s
-        async for event in s._store.read_events(s.session_id, self._planned + 1):
+        async for event in self._state.store.read_events(s.session_id, self._planned + 1):
             payload = event.payload
             if isinstance(payload, MessageAppended):
                 planner.push(message_item(event.seq, payload))
@@ -392,14 +391,13 @@ class RequestPath:
                 s._writes.forget_tail()
                 return None
             self._planned = event.seq
-            s._head = max(s._head, event.seq)
-            s._known = (event.seq, event.hash)
+            self._state.advance(event.seq, event.hash)
         s._writes.forget_tail()
         return planner
 
     async def _load_planner(self, budget: int, recall_room: int) -> RequestPlanner:
         s = self._s
-        tail = await s._store.read_view_tail(s.session_id, 2 * budget)
+        tail = await self._state.store.read_view_tail(s.session_id, 2 * budget)
         summaries = sum(1 for i in (*tail.pinned, *tail.items) if i.kind == "summary")
         room = budget - summaries * bridge_cost(s.counter)  # finish may add bridges
         if room <= 0:
@@ -407,12 +405,12 @@ class RequestPath:
                 "no room left once bridge messages are reserved", code="NO_TOKEN_BUDGET"
             )
         whole = room + recall_room  # the target is a share of the whole request
-        planner = RequestPlanner(room, s._config, s.counter, whole)
+        planner = RequestPlanner(room, self._state.config, s.counter, whole)
         planner.start(tail.before_tokens, tail.pinned)
         planner.extend(tail.items)
         self.planner, self._planner_budget = planner, budget
         self._planned = tail.head
-        s._head = max(s._head, tail.head)
+        self._state.advance(tail.head)  # no hash read: the pin stays an older, valid one
         self._seen_passes = planner.passes
         s._writes.forget_tail()
         return planner
@@ -424,7 +422,9 @@ class RequestPath:
     ) -> list[dict[str, Any]]:
         """``Session.request_at``: the request built right after ``seq`` (``state``)."""
         s = self._s
-        config = s._ledger._config_from(state.config) if state.config else s._config
+        config = (
+            self._state.ledger._config_from(state.config) if state.config else self._state.config
+        )
         if token_budget is None and provider is None:
             token_budget = self.token_budget
         budget = resolve_budget(

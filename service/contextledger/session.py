@@ -40,6 +40,7 @@ from contextledger.provider_shapes import ProviderRequest, as_message_list, norm
 from contextledger.request_path import RequestPath
 from contextledger.rollback import rollback_event
 from contextledger.session_budget import SessionBudget
+from contextledger.session_state import SessionState
 from contextledger.settings import settings_change
 from contextledger.store.base import Checkpoint, SessionInfo
 from contextledger.summarizer import FallbackCallback
@@ -61,27 +62,21 @@ class Session:
         self._ledger = ledger
         self._store = ledger.store
         self.session_id = info.session_id
-        self._info = info
-        self._config = config
-        self._head = info.head
-        #: a (seq, hash) this handle saw on the chain: every append is pinned to it, so a
-        #: stale handle never writes onto a re-created session
-        self._known = (info.head, info.last_hash)
-        self._view_tokens = info.view_tokens
+        #: head, pin, tokens, info, config, ephemeral items: one owner, shared below
+        self._state = SessionState.of(ledger, info, config)
         self.counter = counter
         self.hooks = HookBus(forward_to=ledger.hook_target)
         #: Asked before every compaction (manual or auto); may cancel it or supply a summary.
         self.pre_compact: PreCompactHandler | None = ledger.pre_compact
         #: Called as ``on_fallback(from_model, to_model, error)`` when a summarizer model fails.
         self.on_fallback: FallbackCallback | None = None
-        self._ephemeral: list[ViewItem] = []
-        self._budget = SessionBudget(self)
-        self._compactor = Compactor(self)
-        self._writes = WritePath(self)
-        self._requests = RequestPath(self)
+        self._budget = SessionBudget(self, self._state)
+        self._compactor = Compactor(self, self._state)
+        self._writes = WritePath(self, self._state)
+        self._requests = RequestPath(self, self._state)
 
     def __repr__(self) -> str:
-        return f"<Session {self.session_id!r} head={self._head} store={self._store.kind}>"
+        return f"<Session {self.session_id!r} head={self._state.head} store={self._store.kind}>"
 
     # -- state ------------------------------------------------------------------------
 
@@ -94,19 +89,19 @@ class Session:
     @property
     def head(self) -> int:
         """The last seq this process wrote or read (``refresh`` re-reads it)."""
-        return self._head
+        return self._state.head
 
     @property
     def model(self) -> str | None:
-        return self._info.model
+        return self._state.info.model
 
     @property
     def config(self) -> ContextConfig:
-        return self._config
+        return self._state.config
 
     @property
     def metadata(self) -> Mapping[str, Any]:
-        return self._info.metadata
+        return self._state.info.metadata
 
     @property
     def footprint(self) -> int:
@@ -114,19 +109,17 @@ class Session:
         tracemalloc at 50-800 messages, ~24 bytes a token (the view's items, their counts,
         the planned and finished request) and ~64 KiB besides. For caches that must bound
         their memory (the service's session cache)."""
-        return FOOTPRINT_FIXED + FOOTPRINT_PER_TOKEN * max(0, self._view_tokens)
+        return FOOTPRINT_FIXED + FOOTPRINT_PER_TOKEN * max(0, self._state.view_tokens)
 
     async def refresh(self) -> SessionInfo:
-        self._info = await self._store.session_info(self.session_id)
-        self._head, self._view_tokens = self._info.head, self._info.view_tokens
-        self._known = (self._info.head, self._info.last_hash)
+        self._state.adopt(await self._store.session_info(self.session_id))
         self._writes.forget_tail()
         self._requests.on_refresh()
-        return self._info
+        return self._state.info
 
     async def get_token_count(self) -> int:
         """Tokens in the working view (persisted + ephemeral); O(1), never re-tokenizes."""
-        return self._view_tokens + sum(i.tokens for i in self._ephemeral)
+        return self._state.view_tokens + sum(i.tokens for i in self._state.ephemeral)
 
     def limits(self, model: str | None = None) -> ModelLimits:
         """Context window and output limit of ``model`` (default: the session's)."""
@@ -269,8 +262,8 @@ class Session:
 
         ``expected_seq``: the head the caller read; if another writer moved it,
         ``ConcurrencyError`` and nothing is written (as for ``add_message``)."""
-        payload = replacement(messages, self.counter, self._config.max_message_bytes)
-        self._ephemeral.clear()
+        payload = replacement(messages, self.counter, self._state.config.max_message_bytes)
+        self._state.ephemeral.clear()
         return await self._append([payload], expected_seq=expected_seq)
 
     async def branch_seq(self, index: int) -> int | None:
@@ -282,7 +275,7 @@ class Session:
         return await self._store.branch_seq(self.session_id, index)
 
     async def clear(self) -> int:
-        self._ephemeral.clear()
+        self._state.ephemeral.clear()
         return await self._append([SessionCleared()])
 
     async def checkpoint(self, label: str | None = None) -> Checkpoint:
@@ -306,11 +299,11 @@ class Session:
         moved it, ``ConcurrencyError`` and nothing is written (pop-like callers retry).
         """
         event = await rollback_event(to, self.checkpoints, self.session_id)
-        self._ephemeral.clear()
+        self._state.ephemeral.clear()
         seq = await self._append([event], expected_seq=expected_seq)
         await self.refresh()  # the model and settings in force at the target come back too
-        self._config = self._ledger._config_from(self._info.config)
-        self.counter = await self._ledger.warm_counter(self._info.model, self._config)
+        self._state.config = self._ledger._config_from(self._state.info.config)
+        self.counter = await self._ledger.warm_counter(self._state.info.model, self._state.config)
         return seq
 
     async def record_summary(
@@ -328,7 +321,7 @@ class Session:
 
     async def update_config(self, config: Mapping[str, Any] | ContextConfig) -> int:
         """Record new settings; replay then knows which were in force at every seq."""
-        new = config if isinstance(config, ContextConfig) else self._config.merged(config)
+        new = config if isinstance(config, ContextConfig) else self._state.config.merged(config)
         return await self._change(new, None)
 
     async def set_model(self, model: str) -> int:
@@ -337,15 +330,15 @@ class Session:
 
     async def _change(self, config: ContextConfig | None, model: str | None) -> int:
         """Record a settings and/or model change as one batch: both land, or neither."""
-        new_config = config or self._config
+        new_config = config or self._state.config
         counter = await self._ledger.warm_counter(model or self.model, new_config)
         if config is not None:
             self._ledger._remember_secrets(config)
         payloads = await settings_change(self, config, model, counter)
         if not payloads:
-            return self._head
+            return self._state.head
         seq = await self._append(payloads)
-        self._config, self.counter = new_config, counter
+        self._state.config, self.counter = new_config, counter
         await self.refresh()
         return seq
 
@@ -375,9 +368,9 @@ class Session:
         """The working view as items (refs, tokens, kinds), ephemeral ones merged in."""
         self._ledger._check_open()
         items = await self._store.read_view(self.session_id)
-        if not self._ephemeral:
+        if not self._state.ephemeral:
             return items
-        return tuple(sorted((*items, *self._ephemeral), key=lambda i: i.ord))
+        return tuple(sorted((*items, *self._state.ephemeral), key=lambda i: i.ord))
 
     async def view(self) -> list[dict[str, Any]]:
         """The working view: summaries and persisted compactions applied."""
@@ -387,9 +380,9 @@ class Session:
         """The current branch's messages in order: no compaction, no summaries."""
         self._ledger._check_open()
         branch = await self._store.read_branch(self.session_id)
-        if not self._ephemeral:
+        if not self._state.ephemeral:
             return branch
-        return branch + [dict(i.message) for i in self._ephemeral]
+        return branch + [dict(i.message) for i in self._state.ephemeral]
 
     async def get_messages_for_request(
         self, token_budget: int | None = None, provider: Any | None = None
@@ -446,10 +439,14 @@ class Session:
         return self._store.read_events(self.session_id, from_seq, to_seq)
 
     async def _fold_to(self, seq: int) -> ViewState:
-        if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= self._head:
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= self._state.head:
             await self.refresh()
-            if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= self._head:
-                raise InvalidArgument(f"seq must be an int in 1..{self._head}")
+            if (
+                isinstance(seq, bool)
+                or not isinstance(seq, int)
+                or not 1 <= seq <= self._state.head
+            ):
+                raise InvalidArgument(f"seq must be an int in 1..{self._state.head}")
         return fold([e async for e in self._store.read_events(self.session_id, 1, seq)])
 
     async def view_at(self, seq: int) -> list[dict[str, Any]]:

@@ -21,10 +21,9 @@ from contextledger.core.budget import (
     thresholds_for,
     usage,
 )
-from contextledger.core.config import ContextConfig
 from contextledger.core.model_limits import ModelLimits
 from contextledger.errors import InvalidArgument
-from contextledger.protocols import LedgerHandle
+from contextledger.session_state import SessionState
 
 __all__ = ["DEFAULT_WINDOW", "BudgetedSession", "SessionBudget"]
 
@@ -38,8 +37,6 @@ class BudgetedSession(Protocol):
     """What the budget needs of its ``Session`` (a port: no import cycle)."""
 
     session_id: str
-    _config: ContextConfig
-    _ledger: LedgerHandle
 
     @property
     def model(self) -> str | None: ...
@@ -57,17 +54,18 @@ class BudgetedSession(Protocol):
 class SessionBudget:
     """``Session.limits`` / ``budget`` / ``usage`` for one ``Session``."""
 
-    def __init__(self, session: BudgetedSession) -> None:
+    def __init__(self, session: BudgetedSession, state: SessionState) -> None:
         self._s = session
+        self._state = state
         self._warned_no_model = False
 
     def limits(self, model: str | None) -> ModelLimits:
         self._warn_if_no_model(model)
-        return session_limits(self._s._config, self._s.model, model)
+        return session_limits(self._state.config, self._s.model, model)
 
     def _warn_if_no_model(self, model: str | None) -> None:
         """Once per session: the window is assumed, not known, and how to make it known."""
-        cfg = self._s._config
+        cfg = self._state.config
         if not (model or self._s.model or cfg.context_window) and not self._warned_no_model:
             self._warned_no_model = True
             log.warning(
@@ -90,7 +88,7 @@ class SessionBudget:
         if token_budget is None:
             self._warn_if_no_model(model)
         return resolve_budget(
-            self._s._config,
+            self._state.config,
             self._s.model,
             token_budget=token_budget,
             provider=provider,
@@ -107,8 +105,10 @@ class SessionBudget:
             raise InvalidArgument("max_tokens must be a positive int", field="max_tokens")
         s = self._s
         if model is not None:
-            await s._ledger.warm_model(model, s._config)
+            await self._state.ledger.warm_model(model, self._state.config)
         b = s.budget(model=model, max_tokens=max_tokens)
         return usage(
-            await s.get_token_count(), b, thresholds_for(model or s.model, s._config.profile)
+            await s.get_token_count(),
+            b,
+            thresholds_for(model or s.model, self._state.config.profile),
         )

@@ -455,8 +455,9 @@ async def test_a_store_serving_many_sessions_holds_bounded_per_session_state(
     import gc
 
     from contextledger.store import postgres
+    from contextledger.store.postgres import tips
 
-    monkeypatch.setattr(postgres, "MAX_HEADS", 8)
+    monkeypatch.setattr(tips, "MAX_HEADS", 8)
     async with Ledger.open(pg_dsn) as ledger:
         store = ledger.store
         assert isinstance(store, postgres.PostgresStore)

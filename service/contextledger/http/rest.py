@@ -222,10 +222,7 @@ async def purge_session(
     tenants = tenants_of(request)
     ledger = await tenants.ledger(tenant)
     await open_session(request, tenant, session_id)  # 404 before anything else
-    purge = getattr(ledger.store, "purge", None)
-    if purge is None:
-        raise Problem(501, "NOT_SUPPORTED", "purge needs a PostgreSQL store")
-    events = await purge(session_id, reason)
+    events = await ledger.store.purge(session_id, reason)
     tenants.forget(tenant, session_id)
     return {"session_id": session_id, "purged_events": events}
 

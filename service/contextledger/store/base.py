@@ -297,6 +297,17 @@ class Store(abc.ABC):
         (with ``repair``) replace it with the fold's result."""
 
     @abc.abstractmethod
+    async def purge(self, session_id: str, reason: str) -> int:
+        """Remove a session entirely, the one audited way: its events go, a record of who
+        removed it, when and why stays (``purges``). Returns how many events went;
+        ``SessionNotFound`` for an unknown session, ``InvalidArgument`` for a blank reason."""
+
+    @abc.abstractmethod
+    async def purges(self) -> list[dict[str, Any]]:
+        """The purge records, oldest first: ``session_id``, ``purged_at``, ``purged_by``,
+        ``reason``, ``events`` and ``last_hash`` of each purged session."""
+
+    @abc.abstractmethod
     async def close(self) -> None:
         """Release connections; appends in flight are answered first."""
 

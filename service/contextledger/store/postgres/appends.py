@@ -1,0 +1,460 @@
+"""Appends to the PostgreSQL store: one statement per message (batched across sessions),
+one per run of messages, one transaction for everything else.
+
+Appending a message is a single statement: a conditional ``UPDATE sessions ...
+WHERE head = seq - 1`` feeding the INSERTs of the event and its view and branch
+rows. If another writer advanced the head first, the UPDATE matches nothing, so
+nothing is inserted; we re-read the head and retry (or raise
+``ConcurrencyError`` when the caller pinned ``expected_seq``). Appends to
+different sessions touch different rows only: no table locks, no counters.
+
+Everything else (summaries, compactions, rollbacks, set_messages) is a cold
+path: one transaction that locks the session row, loads the view (O(view)),
+runs the pure ``record_events`` and writes the difference.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from contextledger.core.chain import make_event
+from contextledger.core.encoding import dumps
+from contextledger.core.events import Event, MessageAppended, Payload
+from contextledger.core.projection import (
+    ViewState,
+    check_append_target,
+    fold,
+    record_events,
+)
+from contextledger.core.view import ViewItem
+from contextledger.errors import (
+    ConcurrencyError,
+    IdempotencyConflict,
+    SessionNotFound,
+)
+from contextledger.store.base import (
+    AppendResult,
+)
+from contextledger.store.batching import AppendBatcher
+from contextledger.store.errors import translated
+from contextledger.store.postgres.statements import (
+    _RETRIES,
+    APPEND_MESSAGE,
+    APPEND_MESSAGES,
+    APPEND_SESSION_MESSAGES,
+    EVENT_COLUMNS,
+    READ_VIEW,
+    S,
+    _event,
+    _item,
+)
+from contextledger.store.postgres.tips import ChainTips
+
+
+class Appends(ChainTips):
+    """The three append paths and the view writes they share with ``rebuild``."""
+
+    _batcher: AppendBatcher
+
+    async def _append_one(self, row: tuple[Any, ...]) -> Any:
+        return await self._hot(lambda conn: conn.fetchval(APPEND_MESSAGE, *row))
+
+    async def _append_many(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        columns = [list(c) for c in zip(*rows, strict=True)]
+        records = await self._hot(lambda conn: conn.fetch(APPEND_MESSAGES, *columns))
+        return {r[0]: r[1] for r in records}
+
+    @translated
+    async def append(
+        self,
+        session_id: str,
+        payloads: Sequence[Payload],
+        *,
+        created_at: datetime,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+        known: tuple[int, str] | None = None,
+    ) -> AppendResult:
+        async with self._lock(session_id):
+            if len(payloads) == 1 and isinstance(payloads[0], MessageAppended):
+                return await self._append_message(
+                    session_id, payloads[0], created_at, expected_seq, idempotency_key, known
+                )
+            if payloads and all(isinstance(p, MessageAppended) for p in payloads):
+                return await self._append_messages(
+                    session_id, payloads, created_at, expected_seq, idempotency_key, known
+                )
+            return await self._append_general(
+                session_id, payloads, created_at, expected_seq, idempotency_key, known
+            )
+
+    async def _check_target(
+        self,
+        conn: asyncpg.Connection | asyncpg.Pool,
+        session_id: str,
+        head: int,
+        last_hash: str,
+        known: tuple[int, str] | None,
+        expected_seq: int | None,
+    ) -> None:
+        """The shared pure decision (``check_append_target``) with the stored hash it needs."""
+        at = None
+        if known is not None and known != (head, last_hash) and 0 < known[0] <= head:
+            at = await conn.fetchval(
+                f"SELECT hash FROM {S}.events WHERE session_id = $1 AND seq = $2",
+                session_id,
+                known[0],
+            )
+        check_append_target(
+            session_id,
+            head=head,
+            last_hash=last_hash,
+            known=known,
+            hash_at_known=at,
+            expected_seq=expected_seq,
+        )
+
+    async def _head(self, session_id: str, *, fresh: bool = False) -> tuple[int, str]:
+        cached = None if fresh else self._heads.get(session_id)
+        if cached is None:
+            info = await self.session_info(session_id)
+            cached = (info.head, info.last_hash)
+        return cached
+
+    async def _append_message(
+        self,
+        session_id: str,
+        payload: MessageAppended,
+        created_at: datetime,
+        expected_seq: int | None,
+        key: str | None,
+        known: tuple[int, str] | None,
+    ) -> AppendResult:
+        head, last_hash = await self._head(session_id)
+        checked: tuple[int, str] | None = None  # the chain state last found admissible
+        for _ in range(_RETRIES):
+            if (head, last_hash) != checked and (
+                (known is not None and known != (head, last_hash))
+                or (expected_seq is not None and expected_seq != head)
+            ):
+                if checked is None:  # the cached head may be stale: decide on the stored one
+                    head, last_hash = await self._head(session_id, fresh=True)
+                if (
+                    expected_seq is not None
+                    and expected_seq != head
+                    and key is not None
+                    and await self._pool.fetchval(
+                        f"SELECT 1 FROM {S}.events WHERE session_id = $1 AND idempotency_key = $2",
+                        session_id,
+                        key,
+                    )
+                ):
+                    return await self._duplicate(session_id, key, payload.to_data())
+                await self._check_target(
+                    self._pool, session_id, head, last_hash, known, expected_seq
+                )
+                checked = (head, last_hash)
+            event = make_event(
+                session_id, head + 1, payload, last_hash, created_at=created_at, idempotency_key=key
+            )
+            data_json = (
+                event.encoded.decode() if event.encoded is not None else dumps(payload.to_data())
+            )
+            try:
+                view_tokens = await self._batcher.submit(
+                    (
+                        session_id,
+                        event.seq,
+                        event.version,
+                        data_json,
+                        event.tokens,
+                        created_at,
+                        key,
+                        event.hash,
+                        last_hash,
+                    )
+                )
+            except asyncpg.UniqueViolationError as exc:
+                if key is not None and "idempotency" in str(exc.constraint_name or ""):
+                    return await self._duplicate(session_id, key, payload.to_data())
+                raise
+            except asyncpg.ForeignKeyViolationError:
+                raise SessionNotFound.for_session(session_id) from None
+            except asyncpg.DeadlockDetectedError:  # our one row lock queued behind a cycle
+                view_tokens = None
+            if view_tokens is not None:
+                self._remember_head(session_id, (event.seq, event.hash))
+                self._advance(session_id, (head, last_hash), (event.seq, event.hash))
+                return AppendResult((event.seq,), False, view_tokens, event.hash)
+            # The head moved under us (another process) or the session is gone.
+            head, last_hash = await self._head(session_id, fresh=True)
+        raise ConcurrencyError(f"gave up appending to {session_id!r} after {_RETRIES} tries")
+
+    async def _append_messages(
+        self,
+        session_id: str,
+        payloads: Sequence[Payload],
+        created_at: datetime,
+        expected_seq: int | None,
+        key: str | None,
+        known: tuple[int, str] | None,
+    ) -> AppendResult:
+        """Many messages, one statement: the conditional head UPDATE (head and last hash,
+        so the chain is pinned) gates every INSERT."""
+        head, last_hash = await self._head(session_id)
+        for _ in range(_RETRIES):
+            if known is not None and known != (head, last_hash):
+                head, last_hash = await self._head(session_id, fresh=True)
+                await self._check_target(
+                    self._pool, session_id, head, last_hash, known, expected_seq
+                )
+            if expected_seq is not None and expected_seq != head:
+                head, last_hash = await self._head(session_id, fresh=True)
+                if expected_seq != head:
+                    if key is not None and await self._pool.fetchval(
+                        f"SELECT 1 FROM {S}.events WHERE session_id = $1 AND idempotency_key = $2",
+                        session_id,
+                        key,
+                    ):
+                        return await self._duplicate(session_id, key, payloads[-1].to_data())
+                    raise ConcurrencyError(
+                        f"expected head {expected_seq}, session {session_id!r} is at {head}",
+                        expected_seq=expected_seq,
+                        head=head,
+                    )
+            events: list[Event] = []
+            prev = last_hash
+            for n, payload in enumerate(payloads):
+                event = make_event(
+                    session_id,
+                    head + 1 + n,
+                    payload,
+                    prev,
+                    created_at=created_at,
+                    idempotency_key=key if n == len(payloads) - 1 else None,
+                )
+                events.append(event)
+                prev = event.hash
+            try:
+                view_tokens = await self._pool.fetchval(
+                    APPEND_SESSION_MESSAGES,
+                    session_id,
+                    head,
+                    [e.seq for e in events],
+                    [e.version for e in events],
+                    [
+                        e.encoded.decode() if e.encoded is not None else dumps(e.payload.to_data())
+                        for e in events
+                    ],
+                    [e.tokens for e in events],
+                    created_at,
+                    [e.hash for e in events],
+                    prev,
+                    sum(e.tokens for e in events),
+                    [e.idempotency_key for e in events],
+                    last_hash,
+                )
+            except asyncpg.UniqueViolationError as exc:
+                if key is not None and "idempotency" in str(exc.constraint_name or ""):
+                    return await self._duplicate(session_id, key, payloads[-1].to_data())
+                raise
+            if view_tokens is not None:
+                self._remember_head(session_id, (events[-1].seq, events[-1].hash))
+                self._advance(session_id, (head, last_hash), (events[-1].seq, events[-1].hash))
+                return AppendResult(tuple(e.seq for e in events), False, view_tokens, prev)
+            head, last_hash = await self._head(session_id, fresh=True)
+        raise ConcurrencyError(f"gave up appending to {session_id!r} after {_RETRIES} tries")
+
+    async def _duplicate(self, session_id: str, key: str, data: dict[str, Any]) -> AppendResult:
+        row = await self._pool.fetchrow(
+            f"SELECT seq, data::text FROM {S}.events WHERE session_id = $1"
+            " AND idempotency_key = $2",
+            session_id,
+            key,
+        )
+        assert row is not None
+        if json.loads(row[1]) != data:
+            raise IdempotencyConflict(
+                f"idempotency key {key!r} was used for a different event (seq {row[0]})", seq=row[0]
+            )
+        tokens = await self._pool.fetchval(
+            f"SELECT view_tokens FROM {S}.sessions WHERE session_id = $1", session_id
+        )
+        return AppendResult((row[0],), True, tokens)
+
+    async def _append_general(
+        self,
+        session_id: str,
+        payloads: Sequence[Payload],
+        created_at: datetime,
+        expected_seq: int | None,
+        key: str | None,
+        known: tuple[int, str] | None,
+    ) -> AppendResult:
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                f"SELECT head, last_hash, model, config::text, view_gen, view_base, branch_base"
+                f" FROM {S}.sessions WHERE session_id = $1 FOR UPDATE",
+                session_id,
+            )
+            if row is None:
+                raise SessionNotFound.for_session(session_id)
+            head, last_hash = row[0], row[1]
+            if key is not None:
+                dup = await conn.fetchrow(
+                    f"SELECT seq, data::text FROM {S}.events WHERE session_id = $1"
+                    " AND idempotency_key = $2",
+                    session_id,
+                    key,
+                )
+                if dup is not None:
+                    if json.loads(dup[1]) != payloads[-1].to_data():
+                        raise IdempotencyConflict(
+                            f"idempotency key {key!r} was used for a different event "
+                            f"(seq {dup[0]})",
+                            seq=dup[0],
+                        )
+                    return AppendResult((dup[0],), True)
+            await self._check_target(conn, session_id, head, last_hash, known, expected_seq)
+            view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
+            state = ViewState(head=head, view=view, model=row[2], config=json.loads(row[3]))
+            history: list[Event] | None = None
+
+            def state_at(seq: int) -> ViewState:
+                assert history is not None
+                return fold(history, until=seq)
+
+            if any(p.TYPE == "session.rolled_back" for p in payloads):
+                history = [
+                    _event(session_id, r)
+                    for r in await conn.fetch(
+                        f"SELECT {EVENT_COLUMNS} FROM {S}.events"
+                        " WHERE session_id = $1 ORDER BY seq",
+                        session_id,
+                    )
+                ]
+            step = record_events(
+                state,
+                session_id,
+                last_hash,
+                payloads,
+                created_at=created_at,
+                idempotency_key=key,
+                state_at=state_at if history else None,
+            )
+            await conn.executemany(
+                f"INSERT INTO {S}.events (session_id, seq, type, version, data, tokens,"
+                " created_at, idempotency_key, hash) VALUES ($1,$2,$3,$4,$5::jsonb,$6,$7,$8,$9)",
+                [
+                    (
+                        session_id,
+                        e.seq,
+                        e.type,
+                        e.version,
+                        dumps(e.payload.to_data()),
+                        e.tokens,
+                        e.created_at,
+                        e.idempotency_key,
+                        e.hash,
+                    )
+                    for e in step.events
+                ],
+            )
+            last = step.events[-1]
+            gen, view_base = await self._write_view(
+                conn, session_id, row[4], row[5], last.seq, view, step.state.view, step.events
+            )
+            branch_base = row[6]
+            if step.branch_reset:
+                await conn.execute(
+                    f"DELETE FROM {S}.branch_items WHERE session_id = $1", session_id
+                )
+                await conn.executemany(
+                    f"INSERT INTO {S}.branch_items (session_id, ord, seq, part)"
+                    " VALUES ($1, $2, $3, $4)",
+                    [(session_id, i.ord, i.ref[0], i.ref[1]) for i in step.state.branch],
+                )
+                branch_base = last.seq
+            await conn.execute(
+                f"UPDATE {S}.sessions SET head = $2, last_hash = $3, view_tokens = $4,"
+                " view_count = $5, config = $6::jsonb, model = $7, view_gen = $8,"
+                " view_base = $9, branch_base = $10 WHERE session_id = $1",
+                session_id,
+                last.seq,
+                last.hash,
+                step.state.view_tokens,
+                len(step.state.view),
+                dumps(dict(step.state.config)),
+                step.state.model,
+                gen,
+                view_base,
+                branch_base,
+            )
+        self._remember_head(session_id, (last.seq, last.hash))
+        self._closed.pop(session_id, None)  # not a message: the gate is probed again
+        return AppendResult(
+            tuple(e.seq for e in step.events), False, step.state.view_tokens, last.hash
+        )
+
+    @staticmethod
+    async def _write_view(
+        conn: asyncpg.Connection,
+        session_id: str,
+        gen: int,
+        base: int,
+        head: int,
+        old: Sequence[ViewItem],
+        new: Sequence[ViewItem],
+        events: Sequence[Event],
+    ) -> tuple[int, int]:
+        """Bring the stored view from ``old`` to ``new``; return (generation, watermark).
+
+        If the new view is the old one plus this batch's appended messages, those
+        are already its implicit tail: nothing to write. Otherwise the whole view is
+        materialized under the next generation (the old one deleted, its dead rows
+        outside the range reads scan) and the watermark moves to ``head``.
+        """
+        appended = {e.seq for e in events if isinstance(e.payload, MessageAppended)}
+        grown = new[len(old) :]
+        if (
+            len(new) >= len(old)
+            and tuple(new[: len(old)]) == tuple(old)
+            and all(i.seq in appended and i.ref[1] == 0 for i in grown)
+        ):
+            return gen, base
+        await conn.execute(
+            f"DELETE FROM {S}.view_items WHERE session_id = $1 AND gen = $2", session_id, gen
+        )
+        await Appends._insert_view(conn, session_id, gen + 1, new)
+        return gen + 1, head
+
+    @staticmethod
+    async def _insert_view(
+        conn: asyncpg.Connection, session_id: str, gen: int, items: Sequence[ViewItem]
+    ) -> None:
+        if items:
+            await conn.executemany(
+                f"INSERT INTO {S}.view_items (session_id, gen, ord, seq, part, kind, message,"
+                " tokens, critical) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)",
+                [
+                    (
+                        session_id,
+                        gen,
+                        i.ord,
+                        i.ref[0],
+                        i.ref[1],
+                        i.kind,
+                        dumps(dict(i.message)),
+                        i.tokens,
+                        i.critical,
+                    )
+                    for i in items
+                ],
+            )
+
+    # -- reads ------------------------------------------------------------------------

@@ -1,0 +1,174 @@
+"""View, branch and event reads of the PostgreSQL store: primary-key range scans."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+from contextledger.core.events import Event
+from contextledger.core.units import is_human_turn
+from contextledger.core.view import ORD_STRIDE, ViewItem
+from contextledger.errors import (
+    SessionNotFound,
+)
+from contextledger.store.base import (
+    ViewTail,
+)
+from contextledger.store.errors import translated, translated_iter
+from contextledger.store.postgres.connections import Connections
+from contextledger.store.postgres.statements import (
+    _TAIL_ROW,
+    BRANCH_SEQ,
+    EVENT_COLUMNS,
+    LAST_USERS,
+    READ_BRANCH,
+    READ_VIEW,
+    VIEW_COLUMNS,
+    S,
+    _event,
+    _is_result,
+    _item,
+)
+
+
+class Reads(Connections):
+    """Reads of the view, its tail, the branch and the events."""
+
+    @translated
+    async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
+        rows = await self._pool.fetch(READ_VIEW, session_id)
+        if not rows:
+            await self.session_info(session_id)  # raises SessionNotFound
+        return tuple(_item(r) for r in rows)
+
+    @translated
+    async def read_view_tail(self, session_id: str, max_tokens: int) -> ViewTail:
+        """The tail of the view from the end, a page at a time (primary-key range scans):
+        O(max_tokens) rows, whatever the history; then the pinned items before it."""
+        async with (
+            self._pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            row = await conn.fetchrow(
+                f"SELECT head, view_tokens, view_gen, view_base FROM {S}.sessions"
+                " WHERE session_id = $1",
+                session_id,
+            )
+            if row is None:
+                raise SessionNotFound.for_session(session_id)
+            head, total, gen, base = row
+            got: list[ViewItem] = []  # newest first
+            size = 0
+
+            async def older() -> AsyncIterator[ViewItem]:
+                cursor = 2**62
+                while True:  # message events after the watermark, newest first
+                    rows = await conn.fetch(
+                        f"SELECT {_TAIL_ROW} FROM {S}.events e WHERE e.session_id = $1"
+                        " AND e.seq > $2 AND e.seq < $3 AND e.type = 'message.appended'"
+                        " ORDER BY e.seq DESC LIMIT 128",
+                        session_id,
+                        base,
+                        cursor,
+                    )
+                    for r in rows:
+                        yield _item(r)
+                    if len(rows) < 128:
+                        break
+                    cursor = rows[-1][1]
+                cursor = 2**62
+                while True:  # then the materialized rows of the current generation
+                    rows = await conn.fetch(
+                        f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1"
+                        " AND gen = $2 AND ord < $3 ORDER BY ord DESC LIMIT 128",
+                        session_id,
+                        gen,
+                        cursor,
+                    )
+                    for r in rows:
+                        yield _item(r)
+                    if len(rows) < 128:
+                        return
+                    cursor = rows[-1][0]
+
+            async for item in older():
+                if size + item.tokens > max_tokens and got and not _is_result(got[-1]):
+                    break  # full, and the tail does not start inside a tool unit
+                got.append(item)
+                size += item.tokens
+            tail = tuple(reversed(got))
+            start = tail[0].ord if tail else 2**62
+            # pinned items, then the last few user messages (the latest human turn is
+            # among them): both by index, never every message before the tail
+            args = (session_id, gen, start, base)
+            pinned_rows = await conn.fetch(
+                f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 AND gen = $2"
+                " AND ord < $3 AND (critical OR kind = 'summary' OR message ->> 'role' = 'system')"
+                f" UNION ALL SELECT {_TAIL_ROW} FROM {S}.events e WHERE e.session_id = $1"
+                f" AND e.seq > $4 AND e.seq * {ORD_STRIDE} < $3 AND e.type = 'message.appended'"
+                " AND (coalesce((e.data ->> 'critical')::boolean, false)"
+                " OR e.data -> 'message' ->> 'role' = 'system')",
+                *args,
+            )
+            user_rows = await conn.fetch(
+                f"(SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 AND gen = $2"
+                " AND ord < $3 AND message ->> 'role' = 'user' ORDER BY ord DESC LIMIT $5)"
+                f" UNION ALL (SELECT {_TAIL_ROW} FROM {S}.events e WHERE e.session_id = $1"
+                f" AND e.seq > $4 AND e.seq < $3 / {ORD_STRIDE} + 1"
+                f" AND e.seq * {ORD_STRIDE} < $3 AND e.type = 'message.appended'"
+                " AND e.data -> 'message' ->> 'role' = 'user' ORDER BY e.seq DESC LIMIT $5)"
+                " ORDER BY 1 DESC LIMIT $5",
+                *args,
+                LAST_USERS,
+            )
+        human = next(
+            (i for i in map(_item, user_rows) if is_human_turn(i.message)), None
+        )  # newest first
+        found = {i.ref: i for i in map(_item, pinned_rows)}
+        if human is not None:
+            found.setdefault(human.ref, human)
+        pinned = tuple(sorted(found.values(), key=lambda i: i.ord))
+        return ViewTail(tail, pinned, total - size, head)
+
+    @translated
+    async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
+        rows = await self._pool.fetch(READ_BRANCH, session_id)
+        if not rows:
+            await self.session_info(session_id)
+        return [json.loads(r[1]) for r in rows]
+
+    @translated
+    async def branch_seq(self, session_id: str, index: int) -> int | None:
+        if index < 0:
+            return None
+        seq = await self._pool.fetchval(BRANCH_SEQ, session_id, index)
+        if seq is None:
+            await self.session_info(session_id)  # SessionNotFound for an unknown session
+        return cast(int | None, seq)
+
+    @translated_iter
+    async def read_events(
+        self,
+        session_id: str,
+        from_seq: int = 1,
+        to_seq: int | None = None,
+        *,
+        page: int = 2000,
+    ) -> AsyncIterator[Event]:
+        upper = to_seq if to_seq is not None else 2**62
+        cursor = from_seq
+        while True:
+            rows = await self._pool.fetch(
+                f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1"
+                " AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
+                session_id,
+                cursor,
+                upper,
+                page,
+            )
+            for row in rows:
+                yield _event(session_id, row)
+            if len(rows) < page:
+                return
+            cursor = rows[-1][0] + 1

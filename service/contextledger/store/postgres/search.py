@@ -1,0 +1,544 @@
+"""Lexical recall on PostgreSQL: the search statement, its builder, and the search
+with its closed-gate memo."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Collection, Sequence
+from functools import lru_cache
+from operator import attrgetter
+from typing import Any
+
+import asyncpg
+
+from contextledger.core.recall import Recalled
+from contextledger.errors import (
+    InvalidArgument,
+)
+from contextledger.store.errors import translated
+from contextledger.store.lexical import (
+    DEEP_LIMIT,
+    DEEP_TERMS,
+    HOP_FROM,
+    HOP_LEXEMES,
+    HOP_LIMIT,
+    K1,
+    MAX_QUERY_LEXEMES,
+    NEIGHBOURED,
+    PER_TERM,
+    RECENCY,
+    B,
+    read_from,
+)
+from contextledger.store.postgres.placeholders import bind
+from contextledger.store.postgres.statements import _BRANCH_BASE, S
+from contextledger.store.postgres.tips import ChainTips, _ClosedGate
+
+#: The text search configuration recall's stored vectors are built with (``event_search``).
+INDEX_TEXT_CONFIG = "english"
+#: An event's search vector, as 0003 defined it (a message over 16 KiB is indexed by the
+#: first 16 KiB of its text: the parser costs ~0.2-0.6 µs a byte), less the role (since
+#: 0010: "user" and "assistant" were lexemes of every message).
+SEARCH_VECTOR = (
+    "CASE WHEN octet_length(e.data::text) <= 16384"
+    " THEN jsonb_to_tsvector('english'::regconfig,"
+    " coalesce((e.data -> 'message') - 'role', e.data -> 'messages', '{}'::jsonb),"
+    ' \'["string", "numeric"]\')'
+    " ELSE to_tsvector('english'::regconfig, left(coalesce(e.data -> 'message' ->> 'content',"
+    " (e.data -> 'messages')::text, ''), 16384)) END"
+)
+#: Seqs of the branch up to seq $upto: the current branch, or (replays) the seqs in $branch, the
+#: branch as of the replayed seq, sent as ranges (``seq_ranges``). Hashed subplans or a
+#: binary search over the ranges: O(1) or O(log ranges) per row.
+_BRANCH_SEQS = f"""
+ e.session_id = $1 AND e.seq <= $upto
+ AND (e.seq > {_BRANCH_BASE}
+      OR e.seq IN (SELECT seq FROM {S}.branch_items WHERE session_id = $1 AND part = 0))"""
+_GIVEN_SEQS = """
+ e.session_id = $1 AND e.seq <= $upto AND (SELECT $branch::text::int8multirange) @> e.seq"""
+#: Message events of the branch (of ``events e``).
+_ON_BRANCH = " e.type = 'message.appended' AND" + _BRANCH_SEQS
+_ON_GIVEN_BRANCH = " e.type = 'message.appended' AND" + _GIVEN_SEQS
+#: A posting (``x``, a message event's) on the branch: the current one, or $branch's.
+_POSTING_ON_BRANCH = f"""(x.seq > {_BRANCH_BASE}
+      OR x.seq IN (SELECT seq FROM {S}.branch_items WHERE session_id = $1 AND part = 0))"""
+_POSTING_ON_GIVEN_BRANCH = "(SELECT $branch::text::int8multirange) @> x.seq"
+#: The search's gate probes the seqs a request leaves out one by one up to this many;
+#: beyond, something is surely left out at length and the gate opens without a probe.
+MAX_GATE_GAPS = 256
+#: The row a search returns when its gate found nothing left out (not a match).
+CLOSED = -1
+#: A closed gate is remembered (per session, in this store) and the search skipped while
+#: the request leaves out no seq it did not leave out then; at most this many seqs later
+#: the search runs again, so the vectors it stores lag the ledger by a bounded amount.
+RECHECK_AFTER = 64
+#: Sessions whose closed gate a store remembers (the oldest is forgotten first).
+MAX_REMEMBERED = 4096
+
+
+#: A message's postings from its vector ``v`` (migration 0010 spells the same rows).
+#: ``dl`` is the message's length in tokens (its lexemes' counts summed), as BM25 has it:
+#: with the number of distinct lexemes (0010 to 0014), a message repeating one sentence
+#: five times had each word's tf at 5 and the length of one sentence.
+POSTINGS = """
+    SELECT v.session_id, t.lexeme, v.seq, v.tenant_id,
+           least(coalesce(array_length(t.positions, 1), 1), 32767)::smallint AS tf,
+           least(n.dl, 32767)::smallint AS dl
+      FROM {src} v
+     CROSS JOIN LATERAL (SELECT sum(coalesce(array_length(u.positions, 1), 1))::int AS dl
+                           FROM unnest(v.v) u) n
+     CROSS JOIN LATERAL unnest(v.v) t
+    UNION ALL
+    SELECT v.session_id, '', v.seq, v.tenant_id, 0::smallint,
+           least((SELECT sum(coalesce(array_length(u.positions, 1), 1))::int
+                    FROM unnest(v.v) u), 32767)::smallint
+      FROM {src} v"""
+#: Postings are not written by appends (0006, 0010: the parser would run in every append):
+#: the search indexes the session's message events above its highest indexed seq, up to
+#: the session's head, itself, in the same statement, reading them by key (as a range
+#: ``seq > upto``, the generic plan scanned the events table: 15 of an 18 ms search at
+#: 20,000 turns). Events of a session are committed in seq order, so the indexed
+#: ones are always a prefix (the empty lexeme marks each indexed message: the newest one
+#: is one backward index step); ``fresh`` is computed once, stored, and searched alongside.
+#: Postings are derived data, so the search's commit does not wait for the WAL flush (an
+#: fsync per request otherwise): a crash can lose only the newest ones, a suffix, which
+#: the next search indexes again (``_SEARCH_SETTINGS``).
+_CATCH_UP = f"""
+WITH indexed AS MATERIALIZED (
+    SELECT coalesce((SELECT x.seq FROM {S}.event_terms x
+                      WHERE x.session_id = $1 AND x.lexeme = ''
+                        AND x.tenant_id = {S}.current_tenant()
+                      ORDER BY x.seq DESC LIMIT 1), 0) AS upto
+), fresh_vectors AS MATERIALIZED (  -- by key: a range the generic plan read as a scan
+    SELECT e.session_id, e.seq, e.tenant_id, {SEARCH_VECTOR} AS v FROM {S}.events e
+     WHERE e.session_id = $1 AND e.tenant_id = {S}.current_tenant()
+       AND e.seq = ANY (ARRAY(SELECT generate_series((SELECT upto FROM indexed) + 1, (
+               SELECT h.head FROM {S}.sessions h
+                WHERE h.session_id = $1 AND h.tenant_id = {S}.current_tenant()))))
+       AND e.type = 'message.appended'
+), fresh AS MATERIALIZED ({POSTINGS.format(src="fresh_vectors")}
+),"""
+_STORE_FRESH = f""" stored AS (
+    INSERT INTO {S}.event_terms (session_id, lexeme, seq, tenant_id, tf, dl)
+    SELECT session_id, lexeme, seq, tenant_id, tf, dl FROM fresh ON CONFLICT DO NOTHING
+),"""
+#: Lexical recall, in work bounded by the query whatever the session's length (the rules
+#: are ``store.lexical``'s, which ``memory://`` follows in Python). The query becomes
+#: lexemes through PostgreSQL's parser, dictionaries and stop words ($config is the
+#: configuration); for each of its ``MAX_QUERY_LEXEMES`` longest, the newest ``PER_TERM``
+#: postings of the branch's message events below the request's tail ($tail: what the request
+#: carries at its end is skipped by the index condition, the few others it carries, $exclude,
+#: are filtered) are one backward range of the ``event_terms`` key. A GIN index answered
+#: ``@@`` with every match instead, and on natural text a mid-frequency word matches
+#: thousands of messages (the search grew 1.1 -> 94.6 ms a turn from 100 to 20,000 turns).
+#: A lexeme read whole has its exact document frequency; one read to the cap has it
+#: estimated from how far back its postings reach (``lexical.estimated_df``). BM25 scores
+#: each message from the postings' own ``tf`` and ``dl`` (no vector read back), times a
+#: small preference for the newer statement; ties go to the newer event. A request that
+#: carries every message of the branch (a session shorter than its budget) has nothing to
+#: recall. Seqs are dense, so what it leaves out lies among the seqs up to $upto it does not
+#: carry (the gaps, ``$gaps``, listed by the caller): when there are few, the gate probes them
+#: by key and the rest never runs unless one is a branch message; when there are many
+#: (``$gaps`` NULL) the gate is open without a probe. The catch-up still indexes what is new,
+#: so no backlog waits for the first search.
+#: The matches come with their messages and times, so a request's recall is one statement.
+#: Each is read by its key: a LATERAL subquery kept apart (``OFFSET 0``), where ``top.seq``
+#: is a parameter, so an index condition (joined, the generic plan could estimate the
+#: session at one row and scan all its events per match).
+
+
+def _bm25(postings: str, weights: str, limit: str) -> str:
+    """BM25 over a CTE of postings ``(l, seq, tf, dl)`` with idf ``weights``: the best
+    ``limit`` seqs, a small preference for the newer (``lexical.rank`` in SQL)."""
+    return f"""
+    SELECT p.seq, sum(w.idf * p.tf * {K1 + 1}::float8
+                      / (p.tf + {K1}::float8 * ({1 - B}::float8 + {B}::float8 * p.dl
+                         / greatest(1.0::float8, (SELECT avg(dl)::float8 FROM {postings})))))
+               * (1.0::float8 + {RECENCY}::float8 * p.seq
+                  / greatest(1, $tail::bigint)::float8) AS rank
+      FROM {postings} p JOIN {weights} w USING (l)
+     GROUP BY p.seq ORDER BY rank DESC, p.seq DESC LIMIT {limit}"""
+
+
+_SEARCH = f"""{{head}} gate AS MATERIALIZED (
+    SELECT $gaps::bigint[] IS NULL
+        OR EXISTS (SELECT FROM {S}.events e WHERE {{on_branch}} AND e.seq = ANY($gaps::bigint[]))
+           AS open
+), lq AS MATERIALIZED (
+    SELECT l FROM unnest(tsvector_to_array(to_tsvector($config::regconfig, $query))) AS l
+     WHERE (SELECT open FROM gate)
+     ORDER BY length(l) DESC, l LIMIT {MAX_QUERY_LEXEMES}
+), post AS MATERIALIZED (
+    SELECT lq.l, p.seq, p.tf, p.dl FROM lq CROSS JOIN LATERAL (
+        SELECT y.seq, y.tf, y.dl FROM ({{postings}}) y ORDER BY y.seq DESC LIMIT {PER_TERM}
+    ) p
+), deep_l AS MATERIALIZED (  -- the rarest capped lexemes, read further (``DEEP_*``)
+    SELECT l FROM post GROUP BY l HAVING count(*) >= {PER_TERM}
+     ORDER BY count(*)::float8 / greatest(1, $tail::bigint - min(seq) + 1), l LIMIT {DEEP_TERMS}
+), deep AS MATERIALIZED (
+    SELECT lq.l, p.seq, p.tf, p.dl FROM deep_l lq CROSS JOIN LATERAL (
+        SELECT y.seq, y.tf, y.dl FROM ({{deep_postings}}) y ORDER BY y.seq DESC LIMIT {DEEP_LIMIT}
+    ) p
+), allpost AS MATERIALIZED (
+    SELECT * FROM post WHERE l NOT IN (SELECT l FROM deep_l) UNION ALL SELECT * FROM deep
+), w AS MATERIALIZED (
+    SELECT l, ln(1 + (greatest($upto, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf FROM (
+        SELECT l, CASE WHEN count(*) < {PER_TERM}
+                         OR (count(*) > {PER_TERM} AND count(*) < {DEEP_LIMIT})
+                       THEN count(*)::float8
+                       ELSE least($upto::float8, count(*) * $upto::float8
+                                  / greatest(1, $tail::bigint - min(seq) + 1)) END AS df
+          FROM allpost GROUP BY l) d
+), top AS MATERIALIZED ({_bm25("allpost", "w", "$limit")}
+), hop_lq AS MATERIALIZED (  -- a second hop (``lexical.HOP_*``), when $hop
+    SELECT DISTINCT l FROM (
+        SELECT seq FROM top WHERE $hop::boolean ORDER BY rank DESC, seq DESC LIMIT {HOP_FROM}) h
+      CROSS JOIN LATERAL (
+        SELECT unnest(tsvector_to_array({{hop_vector}})) AS l FROM {S}.events e
+         WHERE e.session_id = $1 AND e.seq = h.seq AND e.tenant_id = {S}.current_tenant()
+        OFFSET 0) v
+     WHERE l NOT IN (SELECT l FROM lq)
+     ORDER BY l
+), hop_near AS MATERIALIZED (  -- the hop's sources' neighbours come as neighbours
+    SELECT h.seq + d AS seq FROM (
+        SELECT seq FROM top WHERE $hop::boolean ORDER BY rank DESC, seq DESC LIMIT {HOP_FROM}) h
+      CROSS JOIN (VALUES (-1), (1)) n(d)
+), hop_post AS MATERIALIZED (
+    SELECT lq.l, p.seq, p.tf, p.dl
+      FROM (SELECT l FROM hop_lq ORDER BY length(l) DESC, l LIMIT {HOP_LEXEMES}) lq
+     CROSS JOIN LATERAL (
+        SELECT y.seq, y.tf, y.dl FROM ({{hop_postings}}) y ORDER BY y.seq DESC LIMIT {PER_TERM}
+    ) p
+), hop_w AS MATERIALIZED (
+    SELECT l, ln(1 + (greatest($upto, d.df) - d.df + 0.5) / (d.df + 0.5)) AS idf FROM (
+        SELECT l, count(*)::float8 AS df
+          FROM hop_post GROUP BY l HAVING count(*) < {PER_TERM}) d
+), hop_top AS MATERIALIZED ({_bm25("hop_post", "hop_w", str(HOP_LIMIT))}
+), near AS MATERIALIZED (  -- the neighbours of the best matches (``NEIGHBOURED``)
+    SELECT DISTINCT n.seq FROM (
+        SELECT seq FROM top WHERE rank > 0 ORDER BY rank DESC, seq DESC LIMIT {NEIGHBOURED}) h
+      CROSS JOIN LATERAL (VALUES (h.seq - 1), (h.seq + 1)) n(seq)
+     WHERE n.seq BETWEEN 1 AND $upto AND NOT (SELECT $exclude::text::int8multirange) @> n.seq
+       AND n.seq NOT IN (SELECT seq FROM top) AND n.seq NOT IN (SELECT seq FROM hop_top)
+)
+(SELECT top.seq, top.rank, e.message, e.tokens, e.created_at
+   FROM top CROSS JOIN LATERAL (
+        SELECT (x.data -> 'message')::text AS message, x.tokens, x.created_at FROM {S}.events x
+         WHERE x.session_id = $1 AND x.seq = top.seq AND x.tenant_id = {S}.current_tenant()
+        OFFSET 0
+   ) e
+  WHERE top.rank > 0
+  ORDER BY top.rank DESC, top.seq DESC)
+UNION ALL
+(SELECT hop_top.seq, -hop_top.rank, e.message, e.tokens, e.created_at
+   FROM hop_top CROSS JOIN LATERAL (
+        SELECT (x.data -> 'message')::text AS message, x.tokens, x.created_at FROM {S}.events x
+         WHERE x.session_id = $1 AND x.seq = hop_top.seq AND x.tenant_id = {S}.current_tenant()
+        OFFSET 0
+   ) e
+  WHERE hop_top.rank > 0
+  ORDER BY hop_top.rank DESC, hop_top.seq DESC)
+UNION ALL
+SELECT near.seq, 0::float8, e.message, e.tokens, e.created_at
+  FROM near CROSS JOIN LATERAL (
+        SELECT (x.data -> 'message')::text AS message, x.tokens, x.created_at FROM {S}.events x
+         WHERE x.session_id = $1 AND x.seq = near.seq AND x.tenant_id = {S}.current_tenant()
+           AND x.type = 'message.appended' AND {{branch}}
+        OFFSET 0
+   ) e
+UNION ALL SELECT {CLOSED}::bigint, 0::float8, NULL, NULL, NULL FROM gate WHERE NOT gate.open"""
+_UNINDEXED = (
+    "jsonb_to_tsvector($config::regconfig, e.data -> 'message', '[\"string\", \"numeric\"]')"
+)
+#: A lexeme's postings up to $tail: stored (``event_terms``, by its key) and fresh; or, for
+#: another text search configuration, computed from the branch's messages on the fly.
+#: Each arm is limited itself, so the stored one is a backward index scan that stops after
+#: ``PER_TERM`` rows (limited only outside, the plan sorted every posting of the lexeme).
+_LEFT_OUT = "NOT (SELECT $exclude::text::int8multirange) @> x.seq AND {branch}"
+_STORED_POSTINGS = f"""
+            (SELECT x.seq, x.tf, x.dl FROM {S}.event_terms x
+              WHERE x.session_id = $1 AND x.lexeme = lq.l AND x.seq <= $tail::bigint
+                AND x.tenant_id = {S}.current_tenant() AND {_LEFT_OUT}
+              ORDER BY x.seq DESC LIMIT {PER_TERM})
+            UNION ALL
+            (SELECT x.seq, x.tf, x.dl FROM fresh x
+              WHERE x.lexeme = lq.l AND x.seq <= $tail::bigint AND {_LEFT_OUT}
+              ORDER BY x.seq DESC LIMIT {PER_TERM})"""
+_COMPUTED_POSTINGS = f"""
+            SELECT x.seq, x.tf, x.dl FROM computed x WHERE x.lexeme = lq.l AND {_LEFT_OUT}"""
+_COMPUTED = f"""WITH computed_vectors AS MATERIALIZED (
+    SELECT e.session_id, e.seq, e.tenant_id, {_UNINDEXED} AS v FROM {S}.events e
+     WHERE e.type = 'message.appended' AND e.session_id = $1 AND e.seq <= $tail::bigint
+       AND e.tenant_id = {S}.current_tenant()
+), computed AS MATERIALIZED ({POSTINGS.format(src="computed_vectors")}
+),"""
+
+
+#: For the search's own transaction: its commit need not wait for the WAL flush (see
+#: above). A live search also forces the cached generic plan: PostgreSQL costs it above
+#: the custom ones, so it planned the statement afresh on every request (~5 ms of planning
+#: for ~2 ms of work, measured at 1,000 turns), and its shape suits every session. Not a
+#: replay's: its branch is an array parameter, which only a custom plan hashes.
+_SEARCH_SETTINGS = "SET LOCAL synchronous_commit = off"
+_LIVE_SEARCH_SETTINGS = _SEARCH_SETTINGS + "; SET LOCAL plan_cache_mode = force_generic_plan"
+#: After the server refused the search pool a connection, live searches use the main
+#: pool for this long (seconds) instead of forking a backend per search to be refused.
+SEARCH_POOL_BACKOFF = 10.0
+
+
+def seq_ranges(seqs: Collection[int]) -> str:
+    """``seqs`` as an ``int8multirange`` literal, the way the search takes a set of seqs:
+    a request carries its tail whole and a branch is mostly one run, so a few ranges. As
+    a ``bigint[]`` of every seq, the 835 a request carried at 1,500 turns cost ~0.26 ms a
+    search to encode and read back, and a replay's branch ~0.3 µs a seq."""
+    ordered = sorted(seqs if isinstance(seqs, set | frozenset) else set(seqs))
+    n = len(ordered)
+    # The usual request: a few seqs (pinned items, the last human turn), then its tail in
+    # one run to the end: found by position (C speed) and written as one range.
+    tail = next((h for h in range(min(n, 8)) if ordered[-1] - ordered[h] == n - 1 - h), n)
+    parts = _runs(ordered[:tail])
+    if tail < n:
+        parts.append(f"[{ordered[tail]},{ordered[-1]}]")
+    return "{" + ",".join(parts) + "}"
+
+
+def _runs(ordered: Sequence[int]) -> list[str]:
+    """``[a,b]`` for each run of consecutive seqs in ``ordered`` (sorted, distinct)."""
+    parts: list[str] = []
+    start = prev = 0
+    for seq in ordered:
+        if parts and seq == prev + 1:  # the next in a run
+            prev = seq
+            continue
+        if parts:
+            parts[-1] = f"[{start},{prev}]"
+        start = prev = seq
+        parts.append("")
+    if parts:
+        parts[-1] = f"[{start},{prev}]"
+    return parts
+
+
+def gate_gaps(upto_seq: int, carried: Collection[int]) -> list[int] | None:
+    """The seqs up to ``upto_seq`` a request does not carry (``$gaps`` of the search), or
+    None when there are more than ``MAX_GATE_GAPS``."""
+    held = carried if isinstance(carried, set | frozenset) else set(carried)
+    if held and min(held) > 0 and max(held) <= upto_seq:  # the usual case, at C speed
+        inside = len(held)
+    else:
+        inside = sum(1 for x in held if 0 < x <= upto_seq)
+    if upto_seq - inside > MAX_GATE_GAPS:
+        return None
+    return [x for x in range(1, upto_seq + 1) if x not in held]
+
+
+@lru_cache(maxsize=16)  # eight shapes: the text's $n resolution is cached by it
+def search_sql(*, indexed: bool, given_branch: bool, store: bool = True) -> str:
+    """The recall search: on the stored postings (catching up first; ``store=False`` on a
+    read-only server computes the missing ones without storing them), or on postings
+    computed on the fly for another text search configuration."""
+    on_branch = _ON_GIVEN_BRANCH if given_branch else _ON_BRANCH
+    branch = _POSTING_ON_GIVEN_BRANCH if given_branch else _POSTING_ON_BRANCH
+    if indexed:
+        head = _CATCH_UP + (_STORE_FRESH if store else "")
+        postings = _STORED_POSTINGS
+    else:
+        head, postings = _COMPUTED, _COMPUTED_POSTINGS
+    postings = postings.replace("{branch}", branch)
+    hop_postings = postings.replace(
+        "AND NOT (SELECT $exclude",
+        "AND x.seq NOT IN (SELECT seq FROM top) AND x.seq NOT IN (SELECT seq FROM hop_near)"
+        " AND NOT (SELECT $exclude",
+    )
+    return _SEARCH.format(
+        head=head,
+        on_branch=on_branch,
+        postings=postings,
+        hop_postings=hop_postings,
+        deep_postings=postings.replace(f"LIMIT {PER_TERM}", f"LIMIT {DEEP_LIMIT}"),
+        hop_vector=SEARCH_VECTOR if indexed else _UNINDEXED,
+        branch=branch,
+    )
+
+
+def search_statement(
+    query: str,
+    exclude: Collection[int],
+    upto_seq: int,
+    branch: Collection[int] | None,
+    limit: int,
+    text_config: str,
+    gaps: list[int] | None,
+    *,
+    store: bool = True,
+    hop: bool = False,
+) -> tuple[str, list[Any]]:
+    """The search's SQL and its arguments (the session id, ``$1``, left for the caller):
+    live (``branch`` None) or a replay's, with a second hop or not."""
+    values: dict[str, Any] = {
+        "query": query,
+        "upto": upto_seq,
+        "exclude": seq_ranges(exclude),
+        "config": text_config,
+        "limit": limit,
+        "tail": read_from(upto_seq, exclude),
+        "gaps": gaps,
+        "hop": hop,
+    }
+    if branch is not None:  # a live search's statement has no $branch
+        values["branch"] = seq_ranges(branch)
+    text = search_sql(
+        indexed=text_config == INDEX_TEXT_CONFIG, given_branch=branch is not None, store=store
+    )
+    return bind(text, values, None)
+
+
+class Search(ChainTips):
+    """The recall search (``search``, ``search_messages``) on the search pool."""
+
+    @translated
+    async def search(
+        self,
+        session_id: str,
+        query: str,
+        *,
+        exclude: Collection[int],
+        upto_seq: int,
+        branch: Collection[int] | None,
+        limit: int,
+        text_config: str,
+        head: int | None = None,
+        hop: bool = False,
+    ) -> list[tuple[int, float]]:
+        # The statement of ``search_messages`` (what requests use): the messages it reads
+        # by key for the top matches are dropped here.
+        rows = await self._search(
+            session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
+        )
+        return [(r[0], float(r[1])) for r in rows if r[1] != 0]  # not the neighbours
+
+    @translated
+    async def search_messages(
+        self,
+        session_id: str,
+        query: str,
+        *,
+        exclude: Collection[int],
+        upto_seq: int,
+        branch: Collection[int] | None,
+        limit: int,
+        text_config: str,
+        head: int | None = None,
+        hop: bool = False,
+    ) -> tuple[list[tuple[int, float]], list[Recalled]]:
+        rows = await self._search(
+            session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
+        )
+        found = [(r[0], float(r[1])) for r in rows if r[1] != 0]  # the rest: neighbours
+        recalled = [Recalled(r[0], json.loads(r[2]), r[3], r[4]) for r in rows]
+        return found, sorted(recalled, key=attrgetter("seq"))
+
+    async def _search(
+        self,
+        session_id: str,
+        query: str,
+        exclude: Collection[int],
+        upto_seq: int,
+        branch: Collection[int] | None,
+        limit: int,
+        text_config: str,
+        head: int | None,
+        hop: bool = False,
+    ) -> list[asyncpg.Record]:
+        """The search's rows, best first: (seq, rank, message JSON, tokens, created_at);
+        a second hop's after them with negated ranks, then neighbours with rank 0."""
+        gaps = gate_gaps(upto_seq, exclude)
+        closed = self._closed.get(session_id) if branch is None else None
+        start = self._heads.get(session_id)
+        # the request's seq: the head the caller knows (its search may be anchored before)
+        top = upto_seq if head is None else max(head, upto_seq)
+        if (
+            closed is not None
+            and gaps is not None
+            and closed.tip == start
+            and closed.tip[0] == top
+            and top < closed.seq + RECHECK_AFTER
+            and closed.gaps.issuperset(gaps)
+        ):
+            # Every seq left out now was left out then, when none was a branch message,
+            # and the branch is the one that search saw: every event since was a message
+            # appended through this store onto its chain (``_advance``; any other event,
+            # or another writer, forgets the gate; a purged and re-created session is
+            # another chain). So nothing is left out (a replay of this request runs the
+            # search, and finds nothing either). A search anchored before the head (at
+            # its query, ``core.recall.query_anchor``) is covered the same way, if the
+            # head the caller knows is the one this store extended: a caller that learned
+            # of a later head elsewhere (a view reloaded after another process's rollback)
+            # searches.
+            return []
+        text, args = search_statement(
+            query, exclude, upto_seq, branch, limit, text_config, gaps, hop=hop
+        )
+        args[0] = session_id
+
+        def sql(store: bool) -> str:  # a standby's statement stores nothing
+            if store:
+                return text
+            return search_statement(
+                query, exclude, upto_seq, branch, limit, text_config, gaps, store=False, hop=hop
+            )[0]
+
+        async def attempt() -> list[asyncpg.Record]:
+            try:
+                try:
+                    return await self._run_search(sql(store=True), args, live=branch is None)
+                except asyncpg.ReadOnlySQLTransactionError:  # a standby: same answer, unstored
+                    return await self._run_search(sql(store=False), args, live=branch is None)
+            except asyncpg.UndefinedObjectError as exc:  # an unknown text search configuration
+                raise InvalidArgument(
+                    f"recall.text_search_config: {exc}", field="recall.text_search_config"
+                ) from None
+
+        rows = await attempt()
+        if branch is None:
+            self._closed.pop(session_id, None)
+            tip = self._heads.get(session_id)
+            closed_now = any(r[0] == CLOSED for r in rows)
+            # remembered only if nothing was appended here while it ran (the gate must
+            # follow the chain from the state the search saw)
+            if (
+                gaps is not None
+                and closed_now
+                and tip is not None
+                and tip == start
+                and tip[0] == top
+            ):
+                if len(self._closed) >= MAX_REMEMBERED:
+                    del self._closed[next(iter(self._closed))]
+                self._closed[session_id] = _ClosedGate(upto_seq, frozenset(gaps), tip)
+        return [r for r in rows if r[0] != CLOSED]
+
+    async def _run_search(
+        self, text: str, args: Sequence[Any], *, live: bool
+    ) -> list[asyncpg.Record]:
+        """A live search on the search pool (one statement, its settings at connect),
+        unless the server refused that pool a slot in the last ``SEARCH_POOL_BACKOFF``
+        seconds; a replay, or a live search without a slot, in a transaction on the main
+        pool with the same settings set locally."""
+        refused = self._search_refused_at
+        if (
+            live
+            and self._search_pool is not None
+            and (refused is None or time.monotonic() - refused > SEARCH_POOL_BACKOFF)
+        ):
+            try:
+                async with self._search_pool.acquire() as conn:
+                    found: list[asyncpg.Record] = await conn.fetch(text, *args)
+                    return found
+            except asyncpg.TooManyConnectionsError:  # no slot for it: the main pool's
+                self._search_refused_at = time.monotonic()
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(_LIVE_SEARCH_SETTINGS if live else _SEARCH_SETTINGS)
+            rows: list[asyncpg.Record] = await conn.fetch(text, *args)
+            return rows

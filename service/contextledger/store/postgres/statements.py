@@ -1,0 +1,179 @@
+"""The PostgreSQL store's shared SQL: append and read statements, and the row mappers.
+
+The search's SQL is in ``search.py``, the embeddings' in ``vectors.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+import structlog
+
+from contextledger.core.events import Event, decode
+from contextledger.core.units import result_ids
+from contextledger.core.view import ORD_STRIDE, ViewItem
+from contextledger.store.base import (
+    SessionInfo,
+)
+
+log = structlog.get_logger(__name__)
+S = "contextledger"
+_RETRIES = 50
+
+APPEND_MESSAGE = f"""
+WITH s AS (
+    UPDATE {S}.sessions
+       SET head = $2, last_hash = $8, view_tokens = view_tokens + $5, view_count = view_count + 1
+     WHERE session_id = $1 AND head = $2::bigint - 1 AND last_hash = $9
+ RETURNING view_tokens
+), e AS (
+    INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
+                            idempotency_key, hash)
+    SELECT $1, $2, 'message.appended', $3, $4::jsonb, $5, $6, $7, $8 FROM s
+)
+SELECT view_tokens FROM s
+"""
+
+#: The same append for many sessions at once (see batching.py): one round trip, one commit.
+APPEND_MESSAGES = f"""
+WITH i AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::smallint[], $4::text[], $5::int[],
+                         $6::timestamptz[], $7::text[], $8::text[], $9::text[])
+        AS t(session_id, seq, version, data, tokens, created_at, idempotency_key, hash, prev)
+), l AS (  -- row locks in one global order: batches of two processes cannot deadlock
+    SELECT x.session_id FROM {S}.sessions x WHERE x.session_id IN (SELECT session_id FROM i)
+     ORDER BY x.session_id FOR NO KEY UPDATE
+), s AS (
+    UPDATE {S}.sessions x
+       SET head = i.seq, last_hash = i.hash, view_tokens = x.view_tokens + i.tokens,
+           view_count = x.view_count + 1
+      FROM i JOIN l ON l.session_id = i.session_id
+     WHERE x.session_id = i.session_id AND x.head = i.seq - 1 AND x.last_hash = i.prev
+ RETURNING x.session_id, x.head, x.view_tokens
+), e AS (
+    INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
+                            idempotency_key, hash)
+    SELECT i.session_id, i.seq, 'message.appended', i.version, i.data::jsonb, i.tokens,
+           i.created_at, i.idempotency_key, i.hash
+      FROM i JOIN s ON s.session_id = i.session_id AND s.head = i.seq
+)
+SELECT session_id, view_tokens FROM s
+"""
+
+#: Several messages to one session in one statement (``add_messages``, synthetic results
+#: before a message): one round trip, one commit, one seq per message, all or nothing.
+APPEND_SESSION_MESSAGES = f"""
+WITH s AS (
+    UPDATE {S}.sessions
+       SET head = $2::bigint + cardinality($3::bigint[]), last_hash = $9,
+           view_tokens = view_tokens + $10, view_count = view_count + cardinality($3::bigint[])
+     WHERE session_id = $1 AND head = $2 AND last_hash = $12
+ RETURNING view_tokens
+), e AS (
+    INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
+                            idempotency_key, hash)
+    SELECT $1, i.seq, 'message.appended', i.version, i.data::jsonb, i.tokens, $7, i.key, i.hash
+      FROM unnest($3::bigint[], $4::smallint[], $5::text[], $6::int[], $8::text[], $11::text[])
+           AS i(seq, version, data, tokens, hash, key), s
+)
+SELECT view_tokens FROM s
+"""
+
+SESSION_COLUMNS = (
+    "session_id, created_at, model, config::text, metadata::text, head, "
+    "last_hash, view_tokens, view_count"
+)
+VIEW_COLUMNS = "ord, seq, part, kind, message::text, tokens, critical"
+#: A message event in the implicit tail, in the same columns as a view_items row.
+_TAIL_ROW = (
+    f"e.seq * {ORD_STRIDE}, e.seq, 0, CASE WHEN e.data ->> 'origin' = 'synthetic'"
+    " THEN 'synthetic' ELSE 'message' END, (e.data -> 'message')::text, e.tokens,"
+    " coalesce((e.data ->> 'critical')::boolean, false)"
+)
+#: The view = the current generation's materialized rows + the message events after
+#: the watermark. Both parts are primary-key range scans: O(view), whatever the history.
+#: The session's generation and watermark are scalar subqueries (InitPlans), so they are
+#: index conditions: joined from a CTE, the planner may start from the session's events
+#: and filter ``seq > view_base`` row by row, O(history). It did once 0004 widened the
+#: sessions key to (session_id, tenant_id): ``session_id = $1`` is no longer provably
+#: one row, so the CTE was costed at hundreds of rows (11.9x at 10,000 events).
+_VIEW_GEN = f"(SELECT view_gen FROM {S}.sessions WHERE session_id = $1)"
+_VIEW_BASE = f"(SELECT view_base FROM {S}.sessions WHERE session_id = $1)"
+_BRANCH_BASE = f"(SELECT branch_base FROM {S}.sessions WHERE session_id = $1)"
+READ_VIEW = f"""
+SELECT {VIEW_COLUMNS} FROM {S}.view_items
+ WHERE session_id = $1 AND gen = {_VIEW_GEN}
+UNION ALL
+SELECT {_TAIL_ROW} FROM {S}.events e
+ WHERE e.session_id = $1 AND e.seq > {_VIEW_BASE} AND e.type = 'message.appended'
+ORDER BY 1"""
+READ_BRANCH = f"""
+SELECT ord, (CASE WHEN e.type = 'messages.replaced' THEN e.data -> 'messages' -> b.part
+                  ELSE e.data -> 'message' END)::text
+  FROM {S}.branch_items b
+  JOIN {S}.events e ON e.session_id = b.session_id AND e.seq = b.seq
+ WHERE b.session_id = $1
+UNION ALL
+SELECT e.seq * {ORD_STRIDE}, (e.data -> 'message')::text FROM {S}.events e
+ WHERE e.session_id = $1 AND e.seq > {_BRANCH_BASE} AND e.type = 'message.appended'
+ORDER BY 1"""
+READ_BRANCH_REFS = f"""
+SELECT ord, seq, part FROM {S}.branch_items WHERE session_id = $1
+UNION ALL
+SELECT e.seq * {ORD_STRIDE}, e.seq, 0 FROM {S}.events e
+ WHERE e.session_id = $1 AND e.seq > {_BRANCH_BASE} AND e.type = 'message.appended'
+ORDER BY 1"""
+#: The seq behind the branch's $2-th message (0-based): its refs only, no message read.
+BRANCH_SEQ = f"SELECT seq FROM ({READ_BRANCH_REFS}) refs OFFSET $2 LIMIT 1"
+#: User messages read back from the tail's start to find the latest human turn (the
+#: others are tool results in Anthropic's shape): a bound, so reopening stays O(budget).
+LAST_USERS = 32
+EVENT_COLUMNS = (
+    "seq, position, type, version, data::text, tokens, created_at, idempotency_key, hash"
+)
+
+
+def _info(row: asyncpg.Record) -> SessionInfo:
+    return SessionInfo(
+        row[0],
+        row[1],
+        row[2],
+        json.loads(row[3]),
+        json.loads(row[4]),
+        row[5],
+        row[6],
+        row[7],
+        row[8],
+    )
+
+
+def _item(row: asyncpg.Record) -> ViewItem:
+    return ViewItem(
+        ref=(row[1], row[2]),
+        ord=row[0],
+        message=json.loads(row[4]),
+        tokens=row[5],
+        critical=row[6],
+        kind=row[3],
+    )
+
+
+def _is_result(item: ViewItem) -> bool:
+    return item.role == "tool" or bool(result_ids(item.message))
+
+
+def _event(session_id: str, row: asyncpg.Record) -> Event:
+    data = json.loads(row[4])
+    return Event(
+        session_id,
+        row[0],
+        decode(row[2], row[3], data),
+        row[6],
+        row[8],
+        row[5],
+        row[7],
+        row[1],
+        data,
+        row[3],
+    )

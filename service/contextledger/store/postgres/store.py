@@ -1,0 +1,363 @@
+"""``PostgresStore``: the mixins of this package assembled, with the session lifecycle
+(create, info, list), checkpoints, rebuild, purge and close."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import structlog
+
+from contextledger.core.chain import GENESIS_HASH, make_event
+from contextledger.core.encoding import dumps
+from contextledger.core.events import SessionCreated
+from contextledger.core.projection import (
+    compare_rows,
+    fold,
+)
+from contextledger.errors import (
+    ConfigError,
+    InvalidArgument,
+    SessionExists,
+    SessionNotFound,
+)
+from contextledger.store.base import (
+    Checkpoint,
+    RebuildReport,
+    SessionInfo,
+)
+from contextledger.store.batching import AppendBatcher
+from contextledger.store.dsn import asyncpg_dsn, redact
+from contextledger.store.errors import translate, translated
+from contextledger.store.postgres.appends import Appends
+from contextledger.store.postgres.connections import _SEARCH_CONNECTION, _keep_session
+from contextledger.store.postgres.reads import Reads
+from contextledger.store.postgres.search import Search
+from contextledger.store.postgres.statements import (
+    EVENT_COLUMNS,
+    READ_BRANCH_REFS,
+    READ_VIEW,
+    SESSION_COLUMNS,
+    S,
+    _event,
+    _info,
+    _item,
+)
+from contextledger.store.postgres.tips import _ClosedGate
+from contextledger.store.postgres.vectors import Vectors
+from contextledger.store.scoped import TENANT_SETTING, TenantConnection, scoped
+
+log = structlog.get_logger(__name__)
+
+
+class PostgresStore(Appends, Reads, Search, Vectors):
+    kind = "postgres"
+    concurrent_search = True
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        dsn: str,
+        *,
+        hot_connections: int = 4,
+        search_pool: asyncpg.Pool | None = None,
+    ) -> None:
+        self._pool = pool
+        self._search_pool = search_pool  # live searches (``_SEARCH_CONNECTION``), if any
+        self._search_refused_at: float | None = None  # when the server last refused it one
+        self._dsn = dsn
+        self._heads: dict[str, tuple[int, str]] = {}  # bounded: _remember_head
+        #: a lock lives while a writer holds or awaits it: one per session in use, not ever seen
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        # Appends run on connections kept out of the pool: acquiring and releasing a
+        # pooled connection per statement cost ~40-55 µs (bench/ledger.py). At most half
+        # the pool (none of a pool of one: kept out, it left reads none and they waited
+        # forever).
+        self._idle: list[asyncpg.Connection] = []
+        self._lent = 0
+        self._closing = False
+        self._batcher = AppendBatcher(
+            self._append_one,
+            self._append_many,
+            rolled_back=lambda exc: (
+                isinstance(exc, asyncpg.PostgresError)
+                and not isinstance(exc, asyncpg.PostgresConnectionError)
+            ),
+        )
+        self._hot_max = hot_connections
+        self._vectors: bool | None = None  # pgvector present? (asked once)
+        self._closed: dict[str, _ClosedGate] = {}  # each session's last closed gate
+
+    @classmethod
+    @translated
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        tenant: str | None = None,
+        role: str | None = None,
+        pgbouncer: bool = False,
+    ) -> PostgresStore:
+        """``tenant`` scopes every transaction to that tenant's rows: ``set_config(
+        'contextledger.tenant', tenant, true)`` at its start (``store/scoped.py``; the
+        row-level security key, and the default of every ``tenant_id`` column), never a
+        startup parameter, and a tenant connection whose role row-level security would
+        not hold (superuser, BYPASSRLS, a member of the tables' owner) is refused.
+        ``role`` makes the connections act as that database role (a startup parameter:
+        not behind PgBouncer, where the DSN logs in as the role itself).
+
+        ``pgbouncer``: the server is reached through PgBouncer in transaction mode:
+        asyncpg's statement cache is off (``statement_cache_size=0``: named prepared
+        statements do not survive a server connection change) and no setting travels
+        as a startup parameter (the search pool's go into each transaction).
+        """
+        settings: dict[str, str] = {} if pgbouncer else {"application_name": "contextledger"}
+        if role is not None:
+            if pgbouncer:
+                raise ConfigError(
+                    "behind PgBouncer the DSN must log in as the role itself: a role switch "
+                    "is a startup parameter PgBouncer refuses",
+                    key="role",
+                )
+            settings["role"] = role
+        if tenant is None and not pgbouncer:
+            # No tenant: the local one, said outright. Left unset, ``current_tenant()``
+            # (0011) asks a plpgsql function who may mean 'local', once per call: per row
+            # of every insert's ``tenant_id`` default and per index probe of a search.
+            settings[TENANT_SETTING] = "local"
+        search_settings = dict(settings)
+        if not pgbouncer:
+            search_settings.update(_SEARCH_CONNECTION, application_name="contextledger-search")
+        options: dict[str, Any] = {"reset": _keep_session}
+        search_options: dict[str, Any] = {"reset": _keep_session}
+        if pgbouncer:
+            options["statement_cache_size"] = search_options["statement_cache_size"] = 0
+        if tenant is not None:
+            options.update(
+                connection_class=TenantConnection,
+                init=scoped(tenant, per_transaction=pgbouncer),
+            )
+            search_options.update(
+                connection_class=TenantConnection,
+                init=scoped(
+                    tenant, _SEARCH_CONNECTION if pgbouncer else None, per_transaction=pgbouncer
+                ),
+            )
+        pool = search_pool = None
+        try:
+            pool = await asyncpg.create_pool(
+                asyncpg_dsn(dsn),
+                min_size=min_size,
+                max_size=max_size,
+                server_settings=settings,
+                **options,
+            )
+            search_pool = await asyncpg.create_pool(  # connects at the first search
+                asyncpg_dsn(dsn),
+                min_size=0,
+                max_size=max(1, max_size // 2),
+                server_settings=search_settings,
+                max_inactive_connection_lifetime=30,  # slots go back soon after a burst
+                **search_options,
+            )
+        except Exception as exc:
+            if pool is not None:
+                await pool.close()
+            typed = translate(exc)
+            if typed is None:
+                raise
+            typed.args = (f"cannot connect to {redact(dsn)}: {typed.args[0]}",)
+            raise typed from exc
+        assert pool is not None and search_pool is not None
+        return cls(pool, dsn, hot_connections=max_size // 2, search_pool=search_pool)
+
+    @translated
+    async def create_session(
+        self, session_id: str, payload: SessionCreated, *, created_at: datetime
+    ) -> SessionInfo:
+        event = make_event(session_id, 1, payload, GENESIS_HASH, created_at=created_at)
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    f"INSERT INTO {S}.sessions (session_id, created_at, model, config, metadata,"
+                    " head, last_hash) VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, 1, $6)",
+                    session_id,
+                    created_at,
+                    payload.model,
+                    dumps(dict(payload.config)),
+                    dumps(dict(payload.metadata)),
+                    event.hash,
+                )
+                await conn.execute(
+                    f"INSERT INTO {S}.events (session_id, seq, type, version, data, tokens,"
+                    " created_at, hash) VALUES ($1, 1, $2, $3, $4::jsonb, 0, $5, $6)",
+                    session_id,
+                    event.type,
+                    event.version,
+                    dumps(event.payload.to_data()),
+                    created_at,
+                    event.hash,
+                )
+        except asyncpg.UniqueViolationError:
+            raise SessionExists(
+                f"session {session_id!r} already exists", session_id=session_id
+            ) from None
+        self._remember_head(session_id, (1, event.hash))
+        return SessionInfo(
+            session_id,
+            created_at,
+            payload.model,
+            payload.config,
+            payload.metadata,
+            1,
+            event.hash,
+            0,
+            0,
+        )
+
+    @translated
+    async def session_info(self, session_id: str) -> SessionInfo:
+        row = await self._pool.fetchrow(
+            f"SELECT {SESSION_COLUMNS} FROM {S}.sessions WHERE session_id = $1", session_id
+        )
+        if row is None:
+            raise SessionNotFound.for_session(session_id)
+        info = _info(row)
+        if self._heads.get(session_id) != (info.head, info.last_hash):
+            self._closed.pop(session_id, None)  # another writer moved the chain
+        self._remember_head(session_id, (info.head, info.last_hash))
+        return info
+
+    @translated
+    async def list_sessions(
+        self, *, after: tuple[datetime, str] | None = None, limit: int | None = None
+    ) -> list[SessionInfo]:
+        """A page by keyset (migration 0009's index, under row-level security): the rows
+        after the last one shown, not an OFFSET past every earlier one."""
+        where = "WHERE (created_at, session_id) > ($1, $2)" if after is not None else ""
+        args: list[Any] = list(after) if after is not None else []
+        page = f" LIMIT ${len(args) + 1}" if limit is not None else ""
+        if limit is not None:
+            args.append(limit)
+        rows = await self._pool.fetch(
+            f"SELECT {SESSION_COLUMNS} FROM {S}.sessions {where}"
+            f" ORDER BY created_at, session_id{page}",
+            *args,
+        )
+        return [_info(r) for r in rows]
+
+    # -- appends ----------------------------------------------------------------------
+
+    @translated
+    async def checkpoints(self, session_id: str) -> list[Checkpoint]:
+        rows = await self._pool.fetch(
+            f"SELECT seq, data ->> 'label', created_at FROM {S}.events"
+            " WHERE session_id = $1 AND type = 'checkpoint.created' ORDER BY seq",
+            session_id,
+        )
+        return [Checkpoint(r[0], r[1], r[2]) for r in rows]
+
+    @translated
+    async def rebuild(self, session_id: str, *, repair: bool = True) -> RebuildReport:
+        async with self._lock(session_id), self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                f"SELECT view_tokens, view_count, view_gen, head FROM {S}.sessions"
+                " WHERE session_id = $1 FOR UPDATE",
+                session_id,
+            )
+            if row is None:
+                raise SessionNotFound.for_session(session_id)
+            events = [
+                _event(session_id, r)
+                for r in await conn.fetch(
+                    f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1 ORDER BY seq",
+                    session_id,
+                )
+            ]
+            expected = fold(events)
+            view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
+            branch = [(r[0], r[1], r[2]) for r in await conn.fetch(READ_BRANCH_REFS, session_id)]
+            diffs = compare_rows(expected.view, view, "view")
+            if branch != [(i.ord, i.ref[0], i.ref[1]) for i in expected.branch]:
+                diffs.append(
+                    f"branch: {len(branch)} stored rows differ from the "
+                    f"{len(expected.branch)} expected"
+                )
+            if (row[0], row[1]) != (expected.view_tokens, len(expected.view)):
+                diffs.append(
+                    f"session totals: stored {row[0]} tokens / {row[1]} items, "
+                    f"expected {expected.view_tokens} / {len(expected.view)}"
+                )
+            if diffs and repair:
+                await conn.execute(f"DELETE FROM {S}.view_items WHERE session_id = $1", session_id)
+                await conn.execute(
+                    f"DELETE FROM {S}.branch_items WHERE session_id = $1", session_id
+                )
+                gen = row[2] + 1
+                await self._insert_view(conn, session_id, gen, expected.view)
+                await conn.executemany(
+                    f"INSERT INTO {S}.branch_items (session_id, ord, seq, part)"
+                    " VALUES ($1, $2, $3, $4)",
+                    [(session_id, i.ord, i.ref[0], i.ref[1]) for i in expected.branch],
+                )
+                await conn.execute(
+                    f"UPDATE {S}.sessions SET view_tokens = $2, view_count = $3, view_gen = $4,"
+                    " view_base = $5, branch_base = $5 WHERE session_id = $1",
+                    session_id,
+                    expected.view_tokens,
+                    len(expected.view),
+                    gen,
+                    row[3],
+                )
+        if diffs:
+            log.warning(
+                "projection_rebuilt", session_id=session_id, differences=diffs, repaired=repair
+            )
+        return RebuildReport(session_id, tuple(diffs), bool(diffs) and repair)
+
+    @translated
+    async def purge(self, session_id: str, reason: str) -> int:
+        """The audited purge path (see the migration): removes a session entirely."""
+        async with self._lock(session_id):
+            try:
+                n: int = await self._pool.fetchval(
+                    f"SELECT {S}.purge_session($1, $2)", session_id, reason
+                )
+            except asyncpg.RaiseError as exc:
+                if "no session" in str(exc):
+                    raise SessionNotFound.for_session(session_id) from None
+                if "reason" in str(exc):
+                    raise InvalidArgument(
+                        "a purge needs a non-blank reason", field="reason"
+                    ) from None
+                raise
+        self._heads.pop(session_id, None)
+        self._closed.pop(session_id, None)
+        return n
+
+    @translated
+    async def purges(self) -> list[dict[str, Any]]:
+        """The audit records of every purge: who removed which session, when and why."""
+        rows = await self._pool.fetch(
+            f"SELECT session_id, purged_at, purged_by, reason, events, last_hash "
+            f"FROM {S}.purges ORDER BY purged_at, session_id"
+        )
+        return [dict(r) for r in rows]
+
+    @translated
+    async def close(self) -> None:
+        await self._batcher.wait_idle()  # appends already accepted get their answer
+        self._closing = True
+        while self._idle:
+            self._lent -= 1
+            await self._pool.release(self._idle.pop())
+        try:
+            if self._search_pool is not None:
+                await self._search_pool.close()
+        finally:
+            await self._pool.close()

@@ -1,0 +1,150 @@
+"""Embeddings for hybrid recall on PostgreSQL (pgvector, where the server has it)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import asyncpg
+import structlog
+
+from contextledger.core.recall import Recalled
+from contextledger.store.errors import translated
+from contextledger.store.postgres.connections import Connections
+from contextledger.store.postgres.placeholders import bind
+from contextledger.store.postgres.search import _ON_BRANCH, _ON_GIVEN_BRANCH, seq_ranges
+from contextledger.store.postgres.statements import S
+
+log = structlog.get_logger(__name__)
+
+#: head of the request that computed it: a replay at seq S uses those from <= S only.
+EMBEDDINGS_DDL = f"""
+CREATE TABLE IF NOT EXISTS {S}.event_embeddings (
+    session_id text NOT NULL,
+    model text NOT NULL,
+    seq bigint NOT NULL,
+    available_from bigint NOT NULL,
+    embedding vector NOT NULL,
+    PRIMARY KEY (session_id, model, seq)
+)"""
+UNEMBEDDED = f"""
+SELECT e.seq, (e.data -> 'message')::text FROM {S}.events e
+ WHERE {{branch}}
+   AND NOT EXISTS (SELECT 1 FROM {S}.event_embeddings x
+                    WHERE x.session_id = $1 AND x.model = $model AND x.seq = e.seq)
+ ORDER BY e.seq = ANY($first::bigint[]) DESC, e.seq DESC LIMIT $limit"""
+VECTOR_SEARCH = f"""
+WITH q AS (
+    SELECT embedding FROM {S}.event_embeddings
+     WHERE session_id = $1 AND model = $model AND seq = $query_seq AND available_from <= $upto
+)
+SELECT e.seq, x.embedding <=> q.embedding AS distance
+  FROM {S}.event_embeddings x
+  JOIN {S}.events e ON e.session_id = x.session_id AND e.seq = x.seq, q
+ WHERE x.session_id = $1 AND x.model = $model AND x.available_from <= $upto
+   AND NOT (SELECT $exclude::text::int8multirange) @> x.seq AND {{branch}}
+ ORDER BY distance, e.seq DESC LIMIT $limit"""
+RECALL_MESSAGES = f"""
+SELECT e.seq, (e.data -> 'message')::text, e.tokens, e.created_at FROM {S}.events e
+ WHERE e.session_id = $1 AND e.seq = ANY($seqs::bigint[]) AND {{branch}}
+ ORDER BY e.seq"""
+
+
+class Vectors(Connections):
+    """Embeddings stored and searched next to the events."""
+
+    _vectors: bool | None
+
+    @translated
+    async def vectors_available(self) -> bool:
+        if self._vectors is None:
+            try:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                    await conn.execute(EMBEDDINGS_DDL)
+                self._vectors = True
+            except asyncpg.PostgresError as exc:  # no pgvector here (PG 15), or no right
+                log.info("recall_vectors_unavailable", error=str(exc))
+                self._vectors = False
+        return self._vectors
+
+    @translated
+    async def unembedded(
+        self, session_id: str, model: str, *, upto_seq: int, first: Collection[int], limit: int
+    ) -> list[Recalled]:
+        sql, args = bind(
+            UNEMBEDDED.format(branch=_ON_BRANCH),
+            {"model": model, "upto": upto_seq, "first": sorted(first), "limit": limit},
+            session_id,
+        )
+        rows = await self._pool.fetch(sql, *args)
+        return [Recalled(r[0], json.loads(r[1])) for r in rows]
+
+    @translated
+    async def store_embeddings(
+        self,
+        session_id: str,
+        model: str,
+        available_from: int,
+        vectors: Sequence[tuple[int, Sequence[float]]],
+    ) -> None:
+        if not vectors:
+            return
+        await self._pool.executemany(
+            f"INSERT INTO {S}.event_embeddings (session_id, model, seq, available_from,"
+            " embedding) VALUES ($1, $2, $3, $4, $5::text::vector) ON CONFLICT DO NOTHING",
+            [
+                (session_id, model, seq, available_from, "[" + ",".join(map(repr, vec)) + "]")
+                for seq, vec in vectors
+            ],
+        )
+
+    @translated
+    async def vector_search(
+        self,
+        session_id: str,
+        model: str,
+        query_seq: int,
+        *,
+        exclude: Collection[int],
+        upto_seq: int,
+        branch: Collection[int] | None,
+        limit: int,
+    ) -> list[tuple[int, float]]:
+        values: dict[str, Any] = {
+            "model": model,
+            "upto": upto_seq,
+            "exclude": seq_ranges(exclude),
+            "query_seq": query_seq,
+            "limit": limit,
+        }
+        if branch is None:
+            sql = VECTOR_SEARCH.format(branch=_ON_BRANCH)
+        else:
+            sql = VECTOR_SEARCH.format(branch=_ON_GIVEN_BRANCH)
+            values["branch"] = seq_ranges(branch)
+        text, args = bind(sql, values, session_id)
+        rows = await self._pool.fetch(text, *args)
+        return [(r[0], float(r[1])) for r in rows]
+
+    @translated
+    async def recall_messages(
+        self,
+        session_id: str,
+        seqs: Collection[int],
+        *,
+        upto_seq: int,
+        branch: Collection[int] | None,
+    ) -> list[Recalled]:
+        if not seqs:
+            return []
+        values: dict[str, Any] = {"seqs": sorted(seqs), "upto": upto_seq}
+        if branch is None:
+            sql = RECALL_MESSAGES.format(branch=_ON_BRANCH)
+        else:
+            sql = RECALL_MESSAGES.format(branch=_ON_GIVEN_BRANCH)
+            values["branch"] = seq_ranges(branch)
+        text, args = bind(sql, values, session_id)
+        rows = await self._pool.fetch(text, *args)
+        return [Recalled(r[0], json.loads(r[1]), r[2], r[3]) for r in rows]
