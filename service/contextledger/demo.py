@@ -177,8 +177,7 @@ async def run_demo(ledger: Ledger, console: Console) -> Session:
     carried = session.counter.count_messages(small)
     console.print(
         view_table(
-            f"request view for a {budget}-token budget (half the view; ephemeral: "
-            "nothing written)",
+            f"request view for a {budget}-token budget (half the view; ephemeral: nothing written)",
             small,
         )
     )
