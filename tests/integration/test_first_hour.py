@@ -446,7 +446,7 @@ def test_a_missing_extra_is_named_and_the_library_works_without_extras(tmp_path:
 
 def _five_minute_blocks() -> list[str]:
     readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Use it in five minutes", 1)[1].split("\n## ", 1)[0]
+    section = readme.split("## Five minutes", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
