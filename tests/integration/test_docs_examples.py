@@ -1,6 +1,7 @@
 """Docs that run: every code block of the README and of ``docs/`` does what it shows.
 
-A Python block is a complete program and runs as written, in a process of its own,
+A Python block is a complete program and runs as written (as ``__main__``, in a namespace
+of its own; the consecutive blocks of a page share one interpreter, to pay its start once),
 against this test's fresh PostgreSQL database (``CONTEXTLEDGER_DSN``) and the test LLM
 server (``OPENAI_BASE_URL``, which litellm, the OpenAI SDK, the Agents SDK, pydantic-ai
 and langchain-openai all read), with the service running when a block talks to it
@@ -138,6 +139,27 @@ def test_no_two_examples_share_a_session_id() -> None:
     assert len(seen) >= 15
 
 
+def test_every_command_a_shell_block_names_exists() -> None:
+    """A shell block that is not run still names real commands (``contextledger X``)."""
+    from contextledger.cli import main
+
+    named = 0
+    for block in (b for b in ALL if b.lang == "bash"):
+        for line in block.code.splitlines():
+            words = line.split("#", 1)[0].split()
+            if not words or words[0] not in ("contextledger", "ops/contextledger"):
+                continue
+            rest = iter(words[1:])
+            for word in rest:
+                if word in ("--dsn", "--home", "--tenant", "--log-format"):
+                    next(rest, None)  # the option's value
+                elif not word.startswith("-"):
+                    assert word in main.commands, f"{block.where}: no command {word!r}"
+                    named += 1
+                    break
+    assert named >= 10
+
+
 # ------------------------------------------------------------------ they run
 
 
@@ -156,11 +178,29 @@ def _env(dsn: str, fake: FakeLLM, service_url: str | None) -> dict[str, str]:
     return env
 
 
-async def _run(block: Block, env: dict[str, str], cwd: Path) -> None:
-    if block.lang == "python":
-        argv = [sys.executable, "-c", block.code]
+#: Runs a page's consecutive Python blocks one after the other in one interpreter, each as
+#: ``__main__`` in a namespace of its own: a program as written, without paying the
+#: interpreter's and litellm's start (~3-5 s) once per block.
+RUNNER = """
+import runpy, sys
+for path in sys.argv[1:]:
+    runpy.run_path(path, run_name="__main__")
+"""
+
+
+async def _run(group: list[Block], env: dict[str, str], cwd: Path) -> None:
+    """One shell block, or a run of consecutive Python blocks, in a process."""
+    if group[0].lang == "python":
+        files = []
+        for block in group:
+            name = block.where.replace("/", "_").replace(".md:", "_md_line_")
+            path = cwd / f"{name}.py"
+            path.write_text(block.code)
+            files.append(str(path))
+        argv = [sys.executable, "-c", RUNNER, *files]
     else:
-        argv = ["bash", "-euo", "pipefail", "-c", block.code]
+        argv = ["bash", "-euo", "pipefail", "-c", group[0].code]
+    where = ", ".join(b.where for b in group)
     proc = await asyncio.create_subprocess_exec(
         *argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
@@ -169,11 +209,21 @@ async def _run(block: Block, env: dict[str, str], cwd: Path) -> None:
     except TimeoutError:
         proc.kill()
         await proc.wait()
-        raise AssertionError(f"{block.where} ran over {TIMEOUT_S} s") from None
+        raise AssertionError(f"{where} ran over {TIMEOUT_S} s") from None
     assert proc.returncode == 0, (
-        f"{block.where} exited {proc.returncode}\n--- stdout\n{out.decode()[-3000:]}"
+        f"{where} exited {proc.returncode}\n--- stdout\n{out.decode()[-3000:]}"
         f"\n--- stderr\n{err.decode()[-3000:]}"
     )
+
+
+def _groups(runnable: list[Block]) -> list[list[Block]]:
+    groups: list[list[Block]] = []
+    for block in runnable:
+        if block.lang == "python" and groups and groups[-1][0].lang == "python":
+            groups[-1].append(block)
+        else:
+            groups.append([block])
+    return groups
 
 
 @asynccontextmanager
@@ -199,5 +249,5 @@ async def test_the_examples_of_a_page_run(
     needs_service = any("CONTEXTLEDGER_URL" in b.code for b in runnable)
     async with _service(dsn, fake, needs_service) as url:
         env = _env(dsn, fake, url)
-        for block in runnable:
-            await _run(block, env, tmp_path)
+        for group in _groups(runnable):
+            await _run(group, env, tmp_path)
