@@ -46,7 +46,7 @@ from contextledger.hooks import (
     CompactDecision,
     HookBus,
 )
-from contextledger.ledger import Ledger
+from contextledger.ledger import Ledger, warm_up
 from contextledger.log_setup import library_defaults as _library_defaults
 from contextledger.protocols import ContextManager
 from contextledger.provider_shapes import ProviderRequest
@@ -112,4 +112,5 @@ __all__ = [
     "Usage",
     "VerifyReport",
     "ViewItem",
+    "warm_up",
 ]

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from contextledger.extras import require_extra
+from contextledger.extras import DISTRIBUTION, require_extra
 
 require_extra("cli", "click", "rich")
 
@@ -108,7 +108,7 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("contextledger")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
         return "unknown"
 
@@ -623,7 +623,7 @@ def serve(ctx: click.Context, /, log_format: str | None, **flags: str | bool | N
         from contextledger.http.settings import Settings, parse_setting
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise click.UsageError(
-            f"the service needs the 'service' extra: pip install 'contextledger[service]' ({exc})"
+            f"the service needs the 'service' extra: pip install '{DISTRIBUTION}[service]' ({exc})"
         ) from None
     from contextledger.log_setup import configure_logging
 

@@ -28,6 +28,41 @@ def _call(call_id: str, name: str, **args: Any) -> dict[str, Any]:
     }
 
 
+#: The file the agent reads: a tool result of realistic size, the bulk a summary folds.
+HEALTH_PY = "\n".join(
+    [
+        '"""Health checks for the deploy pipeline."""',
+        "import socket",
+        "import time",
+        "",
+        "RETRIES = 3",
+        "TIMEOUT_S = 2.0",
+        "",
+        "",
+        "def check_port(port: int, host: str = '127.0.0.1') -> bool:",
+        "    for attempt in range(RETRIES):",
+        "        try:",
+        "            with socket.create_connection((host, port), timeout=TIMEOUT_S):",
+        "                return True",
+        "        except OSError:",
+        "            time.sleep(0.5 * (attempt + 1))",
+        "    return False",
+        "",
+        "",
+        "def check_disk(path: str = '/var/lib/app', minimum_free: float = 0.1) -> bool:",
+        "    import shutil",
+        "    usage = shutil.disk_usage(path)",
+        "    return usage.free / usage.total >= minimum_free",
+        "",
+        "",
+        "def health() -> dict[str, bool]:",
+        "    return {",
+        "        'port': check_port(8080),  # TODO: read the port from config",
+        "        'disk': check_disk(),",
+        "    }",
+    ]
+)
+
 TURNS: list[list[dict[str, Any]]] = [
     [
         {
@@ -46,7 +81,7 @@ TURNS: list[list[dict[str, Any]]] = [
             "role": "tool",
             "tool_call_id": "call_1",
             "name": "read_file",
-            "content": "def health():\n    return check_port(8080)  # TODO: config\n",
+            "content": HEALTH_PY,
         },
     ],
     [
@@ -135,19 +170,34 @@ async def run_demo(ledger: Ledger, console: Console) -> Session:
         f"  {u.tokens} tokens counted at append ({session.counter.name}); budget "
         f"{u.budget} for gpt-4o → {u.fraction:.2%}, state [bold]{u.state}[/bold]"
     )
-    small = await session.get_messages_for_request(token_budget=400)
+    # a budget smaller than the view, so the request view really has to leave turns out
+    budget = u.tokens // 2
+    small = await session.get_messages_for_request(token_budget=budget)
+    view = await session.view()
+    carried = session.counter.count_messages(small)
     console.print(
-        view_table("request view for a 400-token budget (ephemeral: nothing written)", small)
+        view_table(
+            f"request view for a {budget}-token budget (half the view; ephemeral: nothing written)",
+            small,
+        )
+    )
+    console.print(
+        f"  the view holds {len(view)} messages ({u.tokens} tokens); this request carries "
+        f"{len(small)} ({carried} tokens): the oldest turns left out, the system prompt "
+        "and the latest turns kept, every tool call with its result"
     )
 
     console.rule("5. a rolling summary replaces early turns in the view, not in the ledger")
+    before = (await session.usage()).tokens
     saved = await session.compact("summarize")
     summary_event = [e async for e in session.events()][-1]
     audit = summary_event.payload.to_data()["audit"]
+    after = (await session.usage()).tokens
     console.print(
         f"  summary.recorded at seq {summary_event.seq} by [bold]{audit['model']}"
         f"[/bold] (no model configured: the offline summarizer) covers positions "
-        f"{audit['covered'][0]}..{audit['covered'][1]}; saved {saved} tokens"
+        f"{audit['covered'][0]}..{audit['covered'][1]}: the view went from {before} to "
+        f"{after} tokens (saved {saved})"
     )
     console.print(view_table("working view (what the next request sees)", await session.view()))
     history = await session.get_messages()

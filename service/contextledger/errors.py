@@ -139,7 +139,7 @@ class EventDecodeError(ContextLedgerError):
 
 class MissingExtra(ContextLedgerError, ImportError):
     """A part of contextledger was used whose optional packages are not installed;
-    ``extra`` names the ``pip install 'contextledger[extra]'`` that adds them."""
+    ``extra`` names the ``pip install 'contextledger-pg[extra]'`` that adds them."""
 
     code = "MISSING_EXTRA"
 

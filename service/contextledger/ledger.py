@@ -49,6 +49,29 @@ def warm(counter: TokenCounter, model: str | None, config: ContextConfig) -> Non
         model_limits(model, config.model_overrides or None)
 
 
+async def warm_up(*models: str, config: ContextConfig | Mapping[str, Any] | None = None) -> None:
+    """Load, once per process, what a first session of ``models`` needs: litellm and its
+    model map, and each model's tokenizer (no model: the default one).
+
+    Every part of it already runs off the event loop. But building a tiktoken encoding
+    holds the GIL for ~0.1-0.4 s, during which no coroutine runs: await this when your
+    application starts (before it serves anything), and the first ``ledger.session()``
+    and request afterwards do not stall the loop. Tokenizers are cached per process, so
+    every ledger opened later benefits.
+    """
+    cfg = config if isinstance(config, ContextConfig) else ContextConfig.from_mapping(config)
+    from contextledger._litellm import import_litellm
+
+    await asyncio.to_thread(import_litellm)
+    # memory://'s recall index tokenizes with bm25s (numpy: ~0.5 s of import)
+    await asyncio.to_thread(importlib.import_module, "bm25s.tokenization")
+    for model in models or (None,):
+        if model is not None:
+            check_text(model, "model")
+        counter = await asyncio.to_thread(get_counter, cfg.token_counter, model)
+        await asyncio.to_thread(warm, counter, model, cfg)
+
+
 class Ledger:
     """A handle on one store. ``async with Ledger.open(dsn) as ledger: ...``"""
 
@@ -194,6 +217,8 @@ class Ledger:
         return ContextConfig.from_recorded(stored) if stored else self.config
 
     def counter_for(self, model: str | None, config: ContextConfig) -> TokenCounter:
+        """The token counter for ``model`` under ``config.token_counter`` (cached).
+        Blocking on first use (a tokenizer loads): async code uses ``warm_counter``."""
         key = (config.token_counter, model)
         counter = self._counters.get(key)
         if counter is None:
@@ -314,6 +339,7 @@ class Ledger:
         return report
 
     async def verify_all(self) -> list[VerifyReport]:
+        """``verify`` every session of the ledger, one report each (O(all events))."""
         return [await self.store.verify(s.session_id) for s in await self.sessions()]
 
     async def rebuild(
@@ -343,6 +369,8 @@ class Ledger:
         return [await self.store.rebuild(i) for i in ids]
 
     async def close(self) -> None:
+        """Let background summaries land (or cancel them after ``close_timeout``), then
+        close the store's connections. Idempotent; any call after it is ``LedgerClosed``."""
         if not self._closed:
             pending = set(self._background)
             if pending:  # summaries in flight: let them land, or cancel them cleanly

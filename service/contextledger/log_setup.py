@@ -61,6 +61,32 @@ def tame_litellm_loggers(level: int | str | None = None) -> None:
         lg.propagate = True
 
 
+#: Event-dict keys the record carries already (its level; logging's own arguments).
+_NOT_CONTEXT = frozenset({"level", "exception", "exc_info", "stack_info", "stacklevel"})
+
+
+def render_context_into_message(
+    logger: WrappedLogger, name: str, event_dict: EventDict
+) -> EventDict:
+    """structlog → stdlib for an application that configured only stdlib logging.
+
+    ``render_to_log_kwargs`` alone hands the context to ``extra``, which a plain
+    ``logging.basicConfig`` formatter never prints: a warning read
+    ``WARNING:contextledger.session_budget:session_without_model`` with neither the
+    window assumed nor the hint. Here the message is the event followed by its
+    ``key=value`` pairs (``session_without_model context_window=8192 hint='...'``);
+    the pairs stay in ``extra`` too, for handlers that read record attributes.
+    """
+    kwargs = structlog.stdlib.render_to_log_kwargs(logger, name, event_dict)
+    extra = kwargs.get("extra") or {}
+    shown = " ".join(f"{key}={value!r}" for key, value in extra.items() if key not in _NOT_CONTEXT)
+    message = f"{kwargs['msg']} {shown}" if shown else str(kwargs["msg"])
+    if extra.get("exception"):  # format_exc_info's text: on lines of its own
+        message = f"{message}\n{extra['exception']}"
+    kwargs["msg"] = message
+    return kwargs
+
+
 def library_defaults() -> None:
     """Stdlib conventions for a library; idempotent, and never overrides the application."""
     logging.getLogger("contextledger").addHandler(logging.NullHandler())
@@ -72,7 +98,7 @@ def library_defaults() -> None:
                 structlog.stdlib.PositionalArgumentsFormatter(),
                 structlog.processors.StackInfoRenderer(),
                 structlog.processors.format_exc_info,
-                structlog.stdlib.render_to_log_kwargs,
+                render_context_into_message,
             ],
             logger_factory=structlog.stdlib.LoggerFactory(),
             wrapper_class=structlog.stdlib.BoundLogger,

@@ -31,9 +31,13 @@ class RetryPolicy:
             )
 
     def delay(self, attempt: int) -> float:
+        """Seconds to wait before retry ``attempt`` (0-based): full jitter over a capped
+        exponential, so writers that failed together do not retry together."""
         return random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))
 
     async def run(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Await ``call()``, again after ``LedgerUnavailable`` up to ``attempts`` times;
+        the last failure propagates. Only for calls safe to repeat (keyed appends)."""
         for attempt in range(self.attempts - 1):
             try:
                 return await call()

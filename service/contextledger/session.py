@@ -93,14 +93,18 @@ class Session:
 
     @property
     def model(self) -> str | None:
+        """The model in force (as of this process's last write or ``refresh``); it sets
+        the tokenizer and the context window."""
         return self._state.info.model
 
     @property
     def config(self) -> ContextConfig:
+        """The session's policy in force (``update_config`` records a change)."""
         return self._state.config
 
     @property
     def metadata(self) -> Mapping[str, Any]:
+        """What the session was created with (``ledger.session(metadata=...)``)."""
         return self._state.info.metadata
 
     @property
@@ -112,6 +116,9 @@ class Session:
         return FOOTPRINT_FIXED + FOOTPRINT_PER_TOKEN * max(0, self._state.view_tokens)
 
     async def refresh(self) -> SessionInfo:
+        """Re-read the session row: head, model and config as another process may have
+        moved them. Appends never need it (they are pinned to the chain and refuse a
+        moved head by themselves); reads of ``head``/``model``/``config`` do."""
         self._state.adopt(await self._store.session_info(self.session_id))
         self._writes.forget_tail()
         self._requests.on_refresh()
@@ -275,10 +282,17 @@ class Session:
         return await self._store.branch_seq(self.session_id, index)
 
     async def clear(self) -> int:
+        """Empty the view (``session.cleared``); returns its seq. Nothing is deleted: the
+        earlier messages stay in the ledger, replayable and verifiable, and a rollback to
+        a checkpoint before the clear brings them back into the view."""
         self._state.ephemeral.clear()
         return await self._append([SessionCleared()])
 
     async def checkpoint(self, label: str | None = None) -> Checkpoint:
+        """Mark the current point so ``rollback`` can return to it; returns it.
+
+        ``label`` names it (``rollback("before-deploy")``); it cannot be all digits,
+        which ``rollback`` would read as a seq. A label used twice names the latest."""
         if label is not None:
             check_text(label, "label")
         if isinstance(label, str) and label.isdigit():
@@ -289,6 +303,7 @@ class Session:
         return Checkpoint(seq, label, utc_now())
 
     async def checkpoints(self) -> list[Checkpoint]:
+        """Every checkpoint of the session, oldest first (rolled-back ones included)."""
         return await self._store.checkpoints(self.session_id)
 
     async def rollback(self, to: Checkpoint | str | int, *, expected_seq: int | None = None) -> int:
@@ -465,4 +480,7 @@ class Session:
         return await self._requests.replay(state, seq, provider, token_budget)
 
     async def verify(self) -> VerifyReport:
+        """Recompute the session's hash chain from its first event: ``report.ok``, or the
+        first bad seq and why. It reads every event (O(history)); a chain whose tail was
+        cut needs an anchor kept elsewhere (``ledger.verify(id, anchor=...)``)."""
         return await self._store.verify(self.session_id)

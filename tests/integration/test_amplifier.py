@@ -241,10 +241,11 @@ async def test_the_mount_resolves_contextledger_dsn(
         await cleanup()
 
 
-def test_the_readme_documents_the_mount_options() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_docs_document_the_mount_options() -> None:
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "integrations" / "amplifier.md").read_text()
     for option in ("on_unreachable", "session_id", "storage_path", "module: context-ledger"):
-        assert option in readme
+        assert option in page
 
 
 async def test_hook_events_reach_the_coordinators_registry(

@@ -141,17 +141,18 @@ def test_both_spellings_of_dsn_work(fresh_db: str) -> None:
 
 
 def test_missing_extra_names_an_extra_the_package_declares() -> None:
-    """The command a MissingExtra suggests (pip install 'contextledger[X]') names a real extra."""
+    """The command a MissingExtra suggests (pip install 'contextledger-pg[X]') names an extra
+    the package declares."""
     from importlib.metadata import metadata
 
     from contextledger.errors import MissingExtra
     from contextledger.extras import require_extra
 
-    declared = set(metadata("contextledger").get_all("Provides-Extra") or [])
+    declared = set(metadata("contextledger-pg").get_all("Provides-Extra") or [])
     for extra in ("embedded", "cli"):
         with pytest.raises(MissingExtra) as info:
             require_extra(extra, "contextledger_no_such_module")
-        named = re.findall(r"contextledger\[(\w+)\]", str(info.value))
+        named = re.findall(r"contextledger-pg\[(\w+)\]", str(info.value))
         assert named and set(named) <= declared, (named, declared)
 
 
@@ -264,6 +265,10 @@ def test_embedded_library_prints_nothing(pg_dsn: str) -> None:
     assert configured.returncode == 0, configured.stderr
     assert configured.stdout == ""
     assert "session_without_model" in configured.stderr
+    # under plain basicConfig the warning carries its context, not its event name alone
+    [warned] = [ln for ln in configured.stderr.splitlines() if "session_without_model" in ln]
+    assert "session_id='quiet'" in warned and "assumed_context_window=8192" in warned, warned
+    assert "hint='pass model=" in warned, warned
     assert "ledger_target" in configured.stderr
 
 
@@ -292,7 +297,7 @@ def test_cli_version_and_help_everywhere() -> None:
     from importlib.metadata import version
 
     shown = _cli("--version")
-    assert shown.returncode == 0 and version("contextledger") in shown.stdout
+    assert shown.returncode == 0 and version("contextledger-pg") in shown.stdout
     assert isinstance(cli_main, click.Group)
     for name in [None, *cli_main.commands]:
         args = ([name] if name else []) + ["-h"]
@@ -429,8 +434,10 @@ def test_a_missing_extra_is_named_and_the_library_works_without_extras(tmp_path:
     )
     assert done.returncode == 0, done.stderr
     lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
-    assert "[MISSING_EXTRA]" in lines["embedded"] and "contextledger[embedded]" in lines["embedded"]
-    assert "[MISSING_EXTRA]" in lines["cli"] and "contextledger[cli]" in lines["cli"]
+    assert (
+        "[MISSING_EXTRA]" in lines["embedded"] and "contextledger-pg[embedded]" in lines["embedded"]
+    )
+    assert "[MISSING_EXTRA]" in lines["cli"] and "contextledger-pg[cli]" in lines["cli"]
     assert not (tmp_path / "pgdata").exists()  # nothing was started or written
 
 
@@ -439,7 +446,7 @@ def test_a_missing_extra_is_named_and_the_library_works_without_extras(tmp_path:
 
 def _five_minute_blocks() -> list[str]:
     readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Use it in five minutes", 1)[1].split("\n## ", 1)[0]
+    section = readme.split("## Five minutes", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 

@@ -33,7 +33,7 @@ async def test_the_built_wheel_migrates_a_database_by_itself(
         str(ROOT),
     )
     assert await build.wait() == 0
-    [wheel] = list((tmp_path / "dist").glob("contextledger-*.whl"))
+    [wheel] = list((tmp_path / "dist").glob("contextledger_pg-*.whl"))
     target = tmp_path / "site"
     with zipfile.ZipFile(wheel) as zf:  # a pure-Python wheel installs by unpacking
         names = zf.namelist()

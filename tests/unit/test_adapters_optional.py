@@ -45,4 +45,4 @@ def test_a_missing_extra_names_its_pip_install(module: str, blocked: str, extra:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"MISSING_EXTRA {extra} ")
-    assert f"pip install 'contextledger[{extra}]'" in done.stdout
+    assert f"pip install 'contextledger-pg[{extra}]'" in done.stdout

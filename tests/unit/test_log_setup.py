@@ -132,3 +132,34 @@ def test_format_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _lines(out)[0]["event"] == "from_env"
     with pytest.raises(ValueError, match="log format"):
         configure_logging("xml", stream=out)  # type: ignore[arg-type]
+
+
+LIBRARY_ONLY = """
+import logging, sys
+logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(levelname)s %(message)s")
+import contextledger, structlog
+log = structlog.get_logger("contextledger.test")
+log.warning("session_without_model", assumed_context_window=8192, hint="pass model=")
+try:
+    raise ValueError("boom")
+except ValueError:
+    log.exception("failed_once", attempt=2)
+"""
+
+
+def test_plain_stdlib_logging_shows_the_context_of_a_library_record() -> None:
+    """An application with only ``logging.basicConfig`` sees each record's key-values in
+    the message (structlog routed into stdlib put them in ``extra``, which no default
+    formatter prints), and an exception's traceback under its line."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", LIBRARY_ONLY], capture_output=True, text=True, check=True
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0] == (
+        "WARNING session_without_model assumed_context_window=8192 hint='pass model='"
+    )
+    assert lines[1] == "ERROR failed_once attempt=2"
+    assert "ValueError: boom" in done.stdout

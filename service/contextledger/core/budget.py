@@ -77,6 +77,8 @@ class Budget:
 
     @property
     def available(self) -> int:
+        """Tokens the request's messages may take: the window less the output reserve,
+        the safety margin and the system prompt's reserve."""
         return self.context_window - self.output_reserve - self.safety_margin - self.system_reserve
 
 

@@ -22,6 +22,9 @@ GENESIS_HASH = "0" * 64
 
 @dataclass(frozen=True)
 class VerifyReport:
+    """What ``verify`` found: ``ok``, how many events it read, and where and why the
+    chain breaks when it does (``first_bad_seq``, ``reason``)."""
+
     session_id: str
     ok: bool
     events: int

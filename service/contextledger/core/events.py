@@ -385,13 +385,16 @@ class Event:
 
     @property
     def type(self) -> str:
+        """The event's type name (``message.appended``, ``summary.recorded`` ...)."""
         return self.payload.TYPE
 
     @property
     def version(self) -> int:
+        """The payload schema version it was written with (upcast on read)."""
         return self.stored_version if self.stored_version is not None else self.payload.VERSION
 
     def to_dict(self) -> dict[str, Any]:
+        """The event as JSON-able fields (what ``contextledger events --json`` prints)."""
         return {
             "session_id": self.session_id,
             "seq": self.seq,

@@ -71,11 +71,17 @@ class TokenCounter(Protocol):
 
     name: str
 
-    def count_text(self, text: str) -> int: ...
+    def count_text(self, text: str) -> int:
+        """Tokens of a plain string."""
+        ...
 
-    def count_message(self, message: Mapping[str, Any]) -> int: ...
+    def count_message(self, message: Mapping[str, Any]) -> int:
+        """Tokens of one chat message, its role, tool calls and images included."""
+        ...
 
-    def count_messages(self, messages: Sequence[Mapping[str, Any]]) -> int: ...
+    def count_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """Tokens of a list of messages, as a request would carry them."""
+        ...
 
 
 # --- message accounting shared by every counter ---------------------------------------
@@ -314,8 +320,7 @@ class LitellmCounter(_MessageCounter):
             if self._litellm is None:
                 litellm = catalogue.litellm()
                 if self._anthropic:
-                    utils = litellm.utils
-                    self._custom = dict(utils.create_tokenizer(utils.claude_json_str))
+                    self._custom = _anthropic_tokenizer(litellm)
                 self._litellm = litellm
         return self._litellm
 
@@ -328,6 +333,20 @@ class LitellmCounter(_MessageCounter):
                 model=self._litellm_model, text=text, custom_tokenizer=self._custom
             )
         )
+
+
+_anthropic: dict[str, Any] = {}
+
+
+def _anthropic_tokenizer(litellm: Any) -> dict[str, Any]:
+    """litellm's bundled Anthropic tokenizer, built once per process (like the tiktoken
+    encodings): building it holds the GIL for a good part of a second, so a counter per
+    session must not build it again (``warm_up`` builds it before the loop needs it)."""
+    with _encodings_lock:
+        if not _anthropic:
+            utils = litellm.utils
+            _anthropic.update(utils.create_tokenizer(utils.claude_json_str))
+    return _anthropic
 
 
 class CharsCounter(_MessageCounter):

@@ -34,6 +34,7 @@ class ViewItem:
 
     @property
     def seq(self) -> int:
+        """The seq of the event the item comes from."""
         return self.ref[0]
 
     @property
@@ -50,4 +51,5 @@ class ViewItem:
 
     @property
     def role(self) -> str:
+        """The message's role (``""`` when it has none)."""
         return str(self.message.get("role", ""))

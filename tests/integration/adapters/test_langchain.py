@@ -431,7 +431,7 @@ except contextledger.MissingExtra as exc:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert out.startswith("MISSING_EXTRA langchain ")
-    assert "pip install 'contextledger[langchain]'" in out
+    assert "pip install 'contextledger-pg[langchain]'" in out
 
 
 @pytest.mark.slow

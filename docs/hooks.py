@@ -1,0 +1,236 @@
+"""mkdocs hook: the tables the docs generate from code and from benchmark results.
+
+A page writes a marker on a line of its own and the build puts the table there, so the
+docs cannot drift from what they describe:
+
+- ``<!-- generated: config -->``: every ``ContextConfig`` key (nested ones dotted), its
+  type and default, from the dataclasses in ``core/config.py``;
+- ``<!-- generated: settings -->``: every service setting, its ``CONTEXTLEDGER_*``
+  variable, default and help, from ``http/settings.Settings``;
+- ``<!-- generated: turns -->`` / ``<!-- generated: conversations -->``: the figures of
+  ``bench/results/turns.json`` / ``conversations.json``, with their date and commit.
+
+A field's help is its metadata ``help`` when it declares one (the settings do); config
+fields without it fall back to ``_CONFIG_HELP`` below, until they declare their own.
+``tests/unit/test_docs_tables.py`` checks the README's performance table is the one
+``turns_table`` renders from the current results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+# ruff: noqa: RUF001 (the tables print the multiplication sign for ratios, as the docs do)
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.M)
+
+#: Help for config keys that declare none in their field metadata (yet).
+_CONFIG_HELP = {
+    "max_tokens": "A cap on the context, below the model's window.",
+    "compact_threshold": "Share of the request budget at which the request view compacts.",
+    "compact_target": "Share of the request budget it compacts down to.",
+    "auto_compact": "Persist a compaction when an append crosses the threshold.",
+    "compaction_strategy": "How turns leave the view: truncate, priority, importance, summarize.",
+    "preserve_system": "Never compact the system prompt away.",
+    "keep_recent": "Messages at the end of the view that compaction never removes.",
+    "protected_tools": "Tool names whose results are never pruned.",
+    "max_tool_output_chars": "Longer tool outputs are pruned first (in the request view).",
+    "protect_recent_tool_results": "The newest tool results are never pruned.",
+    "min_score": "The importance strategy drops messages scored below this.",
+    "token_counter": "auto | tiktoken | litellm | chars[:ratio] (or a callable in code).",
+    "profile": "conservative | balanced | aggressive: preset thresholds.",
+    "context_window": "The model's window, when litellm's map does not know the model.",
+    "max_output_tokens": "Tokens held back for the answer.",
+    "safety_margin": "Tokens held back for counting differences.",
+    "model_overrides": "Per model: {name: {context_window, max_output_tokens}}.",
+    "max_message_bytes": "A larger message is refused (InvalidMessage).",
+    "summarizer.models": "Ordered litellm specs: model, api_base, api_key, timeout, "
+    "num_retries (the next one is tried when one fails).",
+    "summarizer.max_summary_tokens": "The summary's length cap.",
+    "summarizer.preserve_recent_turns": "Turns at the end a summary never covers.",
+    "summarizer.preserve_tokens": "Tokens at the end a summary never covers.",
+    "summarizer.min_messages": "Fewer messages to cover: no summary.",
+    "summarizer.prompt": "Your own summary prompt.",
+    "summarizer.offline_fallback": "When every model fails, summarize extractively offline.",
+    "summarizer.summary_role": "The role the summary message takes in the view.",
+    "summarizer.summary_position": "Where the summary stands (in place of the turns).",
+    "recall.enabled": "Search what the view leaves out for the latest turn.",
+    "recall.share": "Share of the request budget the recall block may take, in (0, 0.5].",
+    "recall.max_share": "What the block may take when the latest turn asks about the "
+    "past, in [share, 0.8].",
+    "recall.engine": "lexical | hybrid (adds embeddings where pgvector is present).",
+    "recall.text_search_config": "PostgreSQL text search configuration of the index.",
+    "recall.max_matches": "Candidates read per search.",
+    "recall.embedding_model": "litellm embedding model (hybrid only).",
+    "recall.embedding_api_base": "Its endpoint (hybrid only).",
+    "recall.embedding_api_key": "Its key: kept in the process, never recorded.",
+}
+
+
+def _type_name(tp: Any) -> str:
+    """A field type as a reader writes it (``int | None``, ``'a' | 'b'``, ``list``)."""
+    if isinstance(tp, str):
+        return tp
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return getattr(origin, "__name__", str(origin))
+    return "None" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _default(f: dataclasses.Field[Any]) -> str:
+    if f.default is not dataclasses.MISSING:
+        value: Any = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "(required)"
+    if dataclasses.is_dataclass(value):
+        return "(see below)"
+    if isinstance(value, Mapping):
+        value = dict(value)
+    if isinstance(value, tuple):
+        value = list(value)
+    return f"`{json.dumps(value)}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _config_rows(cls: type, prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
+    hints = typing.get_type_hints(cls)
+    nested = []
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            nested.append((hints[f.name], key + "."))
+            continue
+        help_text = f.metadata.get("help") or _CONFIG_HELP.get(key, "")
+        yield key, _type_name(hints[f.name]), _default(f), help_text
+    for inner, inner_prefix in nested:
+        yield from _config_rows(inner, inner_prefix)
+
+
+def config_table() -> str:
+    """Every session configuration key, from ``ContextConfig``'s fields."""
+    from contextledger.core.config import ContextConfig
+
+    rows = [
+        f"| `{k}` | `{_cell(t)}` | {_cell(d)} | {_cell(h)} |"
+        for k, t, d, h in _config_rows(ContextConfig)
+    ]
+    return "\n".join(["| key | type | default | what it does |", "|---|---|---|---|", *rows])
+
+
+def settings_table() -> str:
+    """Every service setting, from ``Settings``' fields and their ``help`` metadata."""
+    from contextledger.http.settings import ENV_PREFIX, Settings
+
+    hints = typing.get_type_hints(Settings)
+    rows = []
+    for f in dataclasses.fields(Settings):
+        help_text = f.metadata.get("help") or {
+            "dsn": "PostgreSQL DSN (none: the embedded server under `home`).",
+            "home": "Where the embedded server keeps its data.",
+            "log_format": "console | json (default: console on a terminal, JSON otherwise).",
+        }.get(f.name, "")
+        rows.append(
+            f"| `{ENV_PREFIX}{f.name.upper()}` | `--{f.name.replace('_', '-')}` "
+            f"| `{_cell(_type_name(hints[f.name]))}` | {_cell(_default(f))} "
+            f"| {_cell(help_text)} |"
+        )
+    head = ["| variable | flag | type | default | what it does |", "|---|---|---|---|---|"]
+    return "\n".join(head + rows)
+
+
+def _results(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((RESULTS / f"{name}.json").read_text())
+    return data
+
+
+def turns_table() -> str:
+    """``bench/turns.py``'s last run: ms per turn against the raw floor, dated."""
+    data = _results("turns")
+    lengths = [str(n) for n in data["lengths"]]
+    floor = data["floor_ms"]
+    head = "| ms per turn (× last-50 floor) | " + " | ".join(f"@{int(n):,}" for n in lengths)
+    rows = [
+        head + " |",
+        "|---|" + "---:|" * len(lengths),
+        "| raw floor (2 INSERTs + SELECT last 50) | "
+        + " | ".join(f"{floor[n]:.2f}" for n in lengths)
+        + " |",
+    ]
+    names = {"none": "no config, recall on", "none-recall-off": "recall off"}
+    for store, runs in data["runs"].items():
+        for run, figures in runs.items():
+            cells = []
+            for n in lengths:
+                ms = figures["ms_median_p95"].get(n)
+                cells.append(f"{ms[0]:.2f} ({ms[0] / floor[n]:.1f}×)" if ms else "")
+            label = f"{'PostgreSQL' if store == 'pg' else store}, {names.get(run, run)}"
+            rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    rows.append("")
+    rows.append(
+        f"`bench/turns.py`, {data['date']}, commit {data['commit']}, "
+        f"{data.get('text', '')} text, embedded PostgreSQL 18, this project's 2-core machine."
+    )
+    return "\n".join(rows)
+
+
+def conversations_table() -> str:
+    """``bench/conversations.py``'s last run: how often recall finds the evidence."""
+    data = _results("conversations")
+    rows = [
+        f"| {data['conversations']} conversations | budget | any evidence | all | "
+        "multi-hop all | ms a request |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["rows"]:
+        store = "PostgreSQL" if r["store"] == "pg" else "`memory://`"
+        rows.append(
+            f"| {store}, recall {'on' if r['recall'] else 'off'} | {r['budget_pct']}% "
+            f"| {r['any'] / r['asked']:.0%} | {r['all'] / r['asked']:.0%} "
+            f"| {r['multi_hop_all'] / r['multi_hop']:.0%} | {r['ms_median']:.1f} |"
+        )
+    rows.append("")
+    rows.append(f"`bench/conversations.py`, {data['date']}, commit {data['commit']}.")
+    return "\n".join(rows)
+
+
+GENERATORS: dict[str, Callable[[], str]] = {
+    "config": config_table,
+    "settings": settings_table,
+    "turns": turns_table,
+    "conversations": conversations_table,
+}
+
+
+def render(markdown: str) -> str:
+    """``markdown`` with every marker replaced by its table (an unknown one raises)."""
+
+    def table(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in GENERATORS:
+            raise ValueError(f"no generated table named {name!r}")
+        return GENERATORS[name]()
+
+    return MARKER.sub(table, markdown)
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+    """mkdocs' hook: runs on every page's markdown before it is rendered."""
+    return render(markdown)
