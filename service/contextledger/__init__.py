@@ -54,6 +54,7 @@ from contextledger.hooks import (
 )
 from contextledger.ledger import Ledger
 from contextledger.log_setup import library_defaults as _library_defaults
+from contextledger.owned import OwnedLedger
 from contextledger.protocols import ContextManager
 from contextledger.provider_shapes import ProviderRequest
 from contextledger.retry import RetryPolicy
@@ -107,6 +108,7 @@ __all__ = [
     "MissingExtra",
     "ModelLimits",
     "NotFound",
+    "OwnedLedger",
     "Pressure",
     "PressureThresholds",
     "ProviderRequest",
