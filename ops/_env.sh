@@ -17,7 +17,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 STAMP=.venv/.contextledger-installed
-WANT="$(cat pyproject.toml | sha256sum | cut -c1-16)"
+# what pip installs depends on [project] and [build-system] only: editing the tools'
+# settings (pytest, ruff, mypy) must not cost a reinstall
+WANT="$("$PY" -c 'import hashlib, json, tomllib
+d = tomllib.load(open("pyproject.toml", "rb"))
+print(hashlib.sha256(json.dumps([d.get("project"), d.get("build-system")], sort_keys=True).encode()).hexdigest()[:16])')"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   echo "· installing contextledger and its test extras into .venv (first run takes ~1 min)" >&2
   .venv/bin/python -m pip install -q --upgrade pip >&2

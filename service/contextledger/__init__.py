@@ -19,20 +19,26 @@ from contextledger.errors import (
     CompactionError,
     ConcurrencyError,
     ConfigError,
+    Conflict,
     ContextLedgerError,
     EventDecodeError,
     IdempotencyConflict,
+    IntegrityFailure,
     InvalidArgument,
     InvalidImport,
+    InvalidInput,
     InvalidMessage,
     LedgerClosed,
+    LedgerCredentialsRejected,
     LedgerRefused,
     LedgerUnavailable,
     MigrationRequired,
     MissingExtra,
+    NotFound,
     SeqOutOfRange,
     SessionExists,
     SessionNotFound,
+    StoreError,
 )
 from contextledger.hooks import (
     HOOK_EVENTS,
@@ -48,6 +54,7 @@ from contextledger.hooks import (
 )
 from contextledger.ledger import Ledger, warm_up
 from contextledger.log_setup import library_defaults as _library_defaults
+from contextledger.owned import OwnedLedger
 from contextledger.protocols import ContextManager
 from contextledger.provider_shapes import ProviderRequest
 from contextledger.retry import RetryPolicy
@@ -77,6 +84,7 @@ __all__ = [
     "CompactionError",
     "ConcurrencyError",
     "ConfigError",
+    "Conflict",
     "ContextConfig",
     "ContextLedgerError",
     "ContextManager",
@@ -85,17 +93,22 @@ __all__ = [
     "FallbackCallback",
     "HookBus",
     "IdempotencyConflict",
+    "IntegrityFailure",
     "InvalidArgument",
     "InvalidImport",
+    "InvalidInput",
     "InvalidMessage",
     "Ledger",
     "LedgerClosed",
+    "LedgerCredentialsRejected",
     "LedgerRefused",
     "LedgerUnavailable",
     "ManageResult",
     "MigrationRequired",
     "MissingExtra",
     "ModelLimits",
+    "NotFound",
+    "OwnedLedger",
     "Pressure",
     "PressureThresholds",
     "ProviderRequest",
@@ -106,6 +119,7 @@ __all__ = [
     "SessionExists",
     "SessionInfo",
     "SessionNotFound",
+    "StoreError",
     "SummarizerConfig",
     "SummarizerModel",
     "TokenCounter",

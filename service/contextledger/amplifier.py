@@ -15,7 +15,9 @@ Where the data goes is resolved as by ``Ledger.open``: the ``dsn`` option, else
 ``on_unreachable``: ``fail`` (the default) raises ``LedgerUnavailable`` when the
 store cannot be reached or started; ``memory`` keeps the agent working on a
 ``memory://`` session instead (nothing survives the process) and logs one
-``ledger_unavailable_using_memory`` warning. Any other failure is raised.
+``ledger_unavailable_using_memory`` warning. Any other failure is raised — a
+rejected login (``LedgerCredentialsRejected``: wrong user or password) included,
+since falling back would hide a configuration mistake.
 
 The session's hook events are forwarded to ``coordinator.hooks``. ``mount``
 returns an async cleanup that closes the ledger; calling it twice is harmless.
@@ -33,7 +35,14 @@ import structlog
 
 from contextledger._checks import MAX_SESSION_ID
 from contextledger.core.config import ContextConfig
-from contextledger.errors import ConfigError, InvalidArgument, LedgerUnavailable
+from contextledger.errors import (
+    ConfigError,
+    ContextLedgerError,
+    InvalidArgument,
+    LedgerCredentialsRejected,
+    LedgerRefused,
+    LedgerUnavailable,
+)
 from contextledger.ledger import Ledger
 from contextledger.protocols import ContextManager
 from contextledger.store.dsn import MEMORY, Target, resolve_target
@@ -48,35 +57,29 @@ log = structlog.get_logger(__name__)
 MEMORY_DSN = MEMORY
 SESSION_ID_KEY = "session_id"
 OnUnreachable = Literal["fail", "memory"]
-#: SQLSTATE classes/codes that mean "this store cannot be used from here": connection
-#: exception, invalid authorization, insufficient resources, unknown database,
-#: server starting up or shutting down.
-_UNREACHABLE_SQLSTATE_CLASSES = frozenset({"08", "28", "53"})
-_UNREACHABLE_SQLSTATES = frozenset({"3D000", "57P01", "57P02", "57P03"})
 
 Cleanup = Callable[[], Awaitable[None]]
 
 
 def _unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` (or anything it wraps) says the store is out of reach."""
-    stack: list[BaseException | None] = [exc]
+    """Whether ``exc`` says the store is out of reach, decided on the typed error the store
+    boundary raised (``store/errors.py`` translates every driver failure): the server is
+    away (``LedgerUnavailable``: down, refusing, unknown host, no answer) or has no such
+    database (``DATABASE_MISSING``). A rejected login (``LedgerCredentialsRejected``) is a
+    configuration mistake, never "unreachable": falling back would hide it."""
+    err: BaseException | None = exc
     seen: set[int] = set()
-    while stack:
-        err = stack.pop()
-        if err is None or id(err) in seen:
-            continue
+    while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, LedgerUnavailable | OSError):
+        if isinstance(err, LedgerCredentialsRejected):
+            return False
+        if isinstance(err, LedgerUnavailable):
             return True
-        code = getattr(err, "sqlstate", None)
-        if isinstance(code, str) and (
-            code[:2] in _UNREACHABLE_SQLSTATE_CLASSES or code in _UNREACHABLE_SQLSTATES
-        ):
-            return True
-        orig = getattr(err, "orig", None)  # SQLAlchemy's DBAPIError
-        stack.extend(
-            [err.__cause__, err.__context__, orig if isinstance(orig, BaseException) else None]
-        )
+        if isinstance(err, LedgerRefused):
+            return err.code == "DATABASE_MISSING"
+        if isinstance(err, ContextLedgerError):
+            return False
+        err = err.__cause__ or err.__context__
     return False
 
 

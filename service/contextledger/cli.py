@@ -25,12 +25,16 @@ require_extra("cli", "click", "rich")
 import click  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
-from rich.table import Table  # noqa: E402
 
 from contextledger.core.chain import Anchor  # noqa: E402
-from contextledger.errors import ContextLedgerError  # noqa: E402
+from contextledger.errors import (  # noqa: E402
+    ContextLedgerError,
+    IntegrityFailure,
+    LedgerCredentialsRejected,
+    StoreError,
+)
 from contextledger.ledger import Ledger  # noqa: E402
-from contextledger.render import short, view_table  # noqa: E402
+from contextledger.render import fitted_table, short, view_table  # noqa: E402
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -51,14 +55,22 @@ def _echo_json(value: Any, *, indent: int | None = 2) -> None:
 
 
 def _remember(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """``--dsn``/``--home`` after the command name: same meaning as before it."""
+    """``--dsn``/``--home``/``--tenant`` after the command name: same meaning as before it."""
     if value is not None and param.name is not None:
         ctx.ensure_object(dict)[param.name] = value
     return value
 
 
 def target_options(fn: F) -> F:
-    """Let a subcommand take ``--dsn`` and ``--home`` too (``contextledger migrate --dsn …``)."""
+    """Let a subcommand take ``--dsn``, ``--home`` and ``--tenant`` too, so every command
+    takes them in the same places (``contextledger anchor ID --dsn …``)."""
+    fn = click.option(
+        "--tenant",
+        default=None,
+        expose_value=False,
+        callback=_remember,
+        help="Act as this service tenant (row-level security applies).",
+    )(fn)
     fn = click.option(
         "--home",
         default=None,
@@ -75,6 +87,12 @@ def target_options(fn: F) -> F:
     )(fn)
 
 
+def _no_tenant(ctx: click.Context, why: str) -> None:
+    """Commands that act as the database's administrator, not as a tenant."""
+    if ctx.obj.get("tenant"):
+        raise click.UsageError(f"--tenant does not apply to `{ctx.info_name}`: {why}")
+
+
 def _full_option(fn: F) -> F:
     return click.option("--full", is_flag=True, help="Show whole ids and hashes.")(fn)
 
@@ -83,13 +101,33 @@ def _json_option(fn: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON.")(fn)
 
 
+#: What the operator does next, by group of the error tree (``errors.py``).
+_NEXT: tuple[tuple[type[ContextLedgerError], str], ...] = (
+    (LedgerCredentialsRejected, "fix the user or password (--dsn / $CONTEXTLEDGER_DSN)"),
+    (StoreError, "the database could not serve the command"),
+    (IntegrityFailure, "what is stored does not check out: `contextledger verify` says where"),
+)
+
+
+def _report(exc: ContextLedgerError) -> None:
+    """``[CODE] message`` and, by group, what to do next; the operator runs the CLI, so
+    unlike the service's problem bodies it says everything (passwords stay redacted)."""
+    text = str(exc).replace("the DSN came from the dsn argument", "the DSN came from --dsn")
+    err_console.print(f"[red]{escape(text)}[/red]")
+    for group, advice in _NEXT:
+        if isinstance(exc, group):
+            retry = " (retryable: try again shortly)" if exc.is_retryable else ""
+            err_console.print(f"[dim]{escape(advice)}{retry}[/dim]")
+            break
+
+
 def _run(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T:
         try:
             return asyncio.run(fn(*args, **kwargs))
         except ContextLedgerError as exc:
-            err_console.print(f"[red]{exc}[/red]")
+            _report(exc)
             sys.exit(2)
 
     return wrapper
@@ -174,6 +212,7 @@ async def demo(ctx: click.Context) -> None:
 @_run
 async def migrate(ctx: click.Context) -> None:
     """Apply the schema migrations to the chosen server."""
+    _no_tenant(ctx, "migrations run as the database's administrator (the DSN's user)")
     from contextledger.store import migrate as migrations
 
     async with _open(ctx, migrate=True) as ledger:
@@ -206,19 +245,27 @@ async def sessions(ctx: click.Context, as_json: bool, full: bool) -> None:
             ]
         )
         return
-    table = Table(title="sessions", title_justify="left")
-    for col in ("session", "created", "model", "events", "view tokens", "view items"):
-        table.add_column(col, overflow="fold" if full else "ellipsis", no_wrap=not full)
-    for s in found:
-        table.add_row(
-            escape(s.session_id),
+    rows = [
+        (
+            s.session_id,
             s.created_at.isoformat(timespec="seconds"),
-            escape(s.model or "-"),
+            s.model or "-",
             str(s.head),
             str(s.view_tokens),
             str(s.view_count),
         )
-    console.print(table)
+        for s in found
+    ]
+    console.print(
+        fitted_table(
+            "sessions",
+            ("session", "created", "model", "events", "view tokens", "view items"),
+            rows,
+            width=console.width,
+            keep=("events", "view tokens", "view items"),
+            full=full,
+        )
+    )
 
 
 def _role(data: dict[str, Any]) -> str:
@@ -250,33 +297,37 @@ async def events(
             async for e in session.events(from_seq, to_seq):
                 click.echo(json.dumps(e.to_dict(), ensure_ascii=False))
             return
-        table = Table(title=f"events of {session_id}", title_justify="left")
-        for col in ("seq", "type", "role", "tokens", "at", "detail", "hash"):
-            table.add_column(
-                col,
-                overflow="fold" if full else "ellipsis",
-                no_wrap=col in ("seq", "hash") or not full,
-            )
-        width = 10_000 if full else 70
+        rows = []
         async for e in session.events(from_seq, to_seq):
             data = e.payload.to_data()
             detail = (
-                short(data["message"], width)
+                short(data["message"], 10_000)
                 if "message" in data
                 else json.dumps(
                     {k: v for k, v in data.items() if k not in ("messages", "audit", "original")}
-                )[:width]
+                )
             )
-            table.add_row(
-                str(e.seq),
-                e.type,
-                _role(data),
-                str(e.tokens),
-                e.created_at.isoformat(timespec="seconds"),
-                escape(detail),
-                e.hash if full else e.hash[:12],
+            rows.append(
+                (
+                    str(e.seq),
+                    e.type,
+                    _role(data),
+                    str(e.tokens),
+                    e.created_at.isoformat(timespec="seconds"),
+                    detail,
+                    e.hash if full else e.hash[:12],
+                )
             )
-        console.print(table)
+        console.print(
+            fitted_table(
+                f"events of {session_id}",
+                ("seq", "type", "role", "tokens", "at", "detail", "hash"),
+                rows,
+                width=console.width,
+                keep=("seq", "role", "tokens"),
+                full=full,
+            )
+        )
 
 
 @main.command("export", context_settings=CONTEXT)
@@ -345,7 +396,7 @@ async def view(ctx: click.Context, session_id: str, at_seq: int | None, as_json:
             click.echo(json.dumps(messages, ensure_ascii=False, indent=2))
         else:
             title = f"view of {session_id}" + (f" at seq {at_seq}" if at_seq is not None else "")
-            console.print(view_table(title, messages))
+            console.print(view_table(title, messages, width=console.width))
 
 
 @main.command(context_settings=CONTEXT)
@@ -376,14 +427,16 @@ async def checkpoints(ctx: click.Context, session_id: str, as_json: bool) -> Non
     if as_json:
         _echo_json([{"seq": c.seq, "label": c.label, "created_at": c.created_at} for c in found])
         return
-    table = Table(title=f"checkpoints of {session_id}", title_justify="left")
-    for col in ("seq", "label", "at"):
-        table.add_column(col)
-    for c in found:
-        table.add_row(
-            str(c.seq), escape(c.label or "-"), c.created_at.isoformat(timespec="seconds")
+    rows = [(str(c.seq), c.label or "-", c.created_at.isoformat(timespec="seconds")) for c in found]
+    console.print(
+        fitted_table(
+            f"checkpoints of {session_id}",
+            ("seq", "label", "at"),
+            rows,
+            width=console.width,
+            keep=("seq",),
         )
-    console.print(table)
+    )
 
 
 @main.command(context_settings=CONTEXT)
@@ -399,7 +452,7 @@ async def rollback(ctx: click.Context, session_id: str, target: str) -> None:
         to: int | str = int(target) if target.isdigit() else target
         seq = await session.rollback(to)
         console.print(f"rolled back to {target} (event seq {seq})")
-        console.print(view_table("view now", await session.view()))
+        console.print(view_table("view now", await session.view(), width=console.width))
 
 
 @main.command(context_settings=CONTEXT)
@@ -471,19 +524,27 @@ async def purges(ctx: click.Context, as_json: bool, full: bool) -> None:
     if as_json:
         _echo_json(records)
         return
-    table = Table(title="purged sessions", title_justify="left")
-    for col in ("session", "purged at", "by", "events", "reason", "last hash"):
-        table.add_column(col, overflow="fold" if full else "ellipsis")
-    for r in records:
-        table.add_row(
-            escape(r["session_id"]),
+    rows = [
+        (
+            r["session_id"],
             r["purged_at"].isoformat(timespec="seconds"),
-            escape(r["purged_by"]),
+            r["purged_by"],
             str(r["events"]),
-            escape(r["reason"]),
+            r["reason"],
             (r["last_hash"] or "-") if full else (r["last_hash"] or "-")[:12],
         )
-    console.print(table)
+        for r in records
+    ]
+    console.print(
+        fitted_table(
+            "purged sessions",
+            ("session", "purged at", "by", "events", "reason", "last hash"),
+            rows,
+            width=console.width,
+            keep=("events",),
+            full=full,
+        )
+    )
 
 
 @main.command(context_settings=CONTEXT)
@@ -500,7 +561,7 @@ async def purge(ctx: click.Context, session_id: str, reason: str) -> None:
         console.print(f"purged {session_id}: {n} events (audited)")
 
 
-@main.group()
+@main.group(context_settings=CONTEXT)
 def keys() -> None:
     """API keys of the service: each belongs to a tenant; the first one ends local mode."""
 
@@ -509,6 +570,7 @@ async def _admin(ctx: click.Context) -> Any:
     """A connection as the administrator (the DSN's user), on a migrated database."""
     import asyncpg
 
+    _no_tenant(ctx, "keys are managed as the database's administrator (the DSN's user)")
     from contextledger.store.dsn import asyncpg_dsn
 
     async with _open(ctx, migrate=True) as ledger:
@@ -517,25 +579,27 @@ async def _admin(ctx: click.Context) -> Any:
         return await asyncpg.connect(asyncpg_dsn(ledger.dsn))
 
 
-@keys.command("create")
-@click.argument("tenant")
+@keys.command("create", context_settings=CONTEXT)
+@target_options
+@click.argument("key_tenant", metavar="TENANT")  # not ``tenant``: --tenant is the option
 @click.option("--name", default="", help="A note saying whose key this is.")
 @click.pass_context
 @_run
-async def keys_create(ctx: click.Context, tenant: str, name: str) -> None:
+async def keys_create(ctx: click.Context, key_tenant: str, name: str) -> None:
     """Create a key for TENANT; it is printed once and stored only as a hash."""
     from contextledger.http.keys import create_key
 
     conn = await _admin(ctx)
     try:
-        key_id, key = await create_key(conn, tenant, name)
+        key_id, key = await create_key(conn, key_tenant, name)
     finally:
         await conn.close()
-    err_console.print(f"created key {key_id} for tenant {tenant} (shown once):")
+    err_console.print(f"created key {key_id} for tenant {key_tenant} (shown once):")
     click.echo(key)
 
 
-@keys.command("list")
+@keys.command("list", context_settings=CONTEXT)
+@target_options
 @click.pass_context
 @_run
 async def keys_list(ctx: click.Context) -> None:
@@ -547,18 +611,29 @@ async def keys_list(ctx: click.Context) -> None:
         found = await list_keys(conn)
     finally:
         await conn.close()
-    table = Table(title="API keys", title_justify="left")
-    for col in ("key id", "tenant", "name", "created", "revoked"):
-        table.add_column(col)
-    for k in found:
-        revoked = k.revoked_at.strftime("%Y-%m-%d %H:%M") if k.revoked_at else ""
-        table.add_row(
-            k.key_id, k.tenant, escape(k.name), k.created_at.strftime("%Y-%m-%d %H:%M"), revoked
+    rows = [
+        (
+            k.key_id,
+            k.tenant,
+            k.name,
+            k.created_at.strftime("%Y-%m-%d %H:%M"),
+            k.revoked_at.strftime("%Y-%m-%d %H:%M") if k.revoked_at else "",
         )
-    console.print(table)
+        for k in found
+    ]
+    console.print(
+        fitted_table(
+            "API keys",
+            ("key id", "tenant", "name", "created", "revoked"),
+            rows,
+            width=console.width,
+            keep=("key id",),
+        )
+    )
 
 
-@keys.command("revoke")
+@keys.command("revoke", context_settings=CONTEXT)
+@target_options
 @click.argument("key_id")
 @click.pass_context
 @_run
@@ -604,7 +679,7 @@ def _settings_flags(fn: F) -> F:
     return fn
 
 
-@main.command()
+@main.command(context_settings=CONTEXT)
 @target_options
 @click.option(
     "--log-format",
@@ -628,6 +703,7 @@ def serve(ctx: click.Context, /, log_format: str | None, **flags: str | bool | N
     from contextledger.log_setup import configure_logging
 
     obj = ctx.obj
+    _no_tenant(ctx, "the service's tenants come from API keys (contextledger keys create)")
     try:
         given: dict[str, Any] = {
             k: parse_setting(k, v) if isinstance(v, str) else v
@@ -641,11 +717,12 @@ def serve(ctx: click.Context, /, log_format: str | None, **flags: str | bool | N
         configure_logging(settings.log_format, level="INFO")  # type: ignore[arg-type]
         run_server(settings)
     except ContextLedgerError as exc:
-        err_console.print(f"[red]{exc}[/red]")
+        _report(exc)
         sys.exit(2)
 
 
-@main.command()
+@main.command(context_settings=CONTEXT)
+@target_options
 @click.argument("session_id")
 @click.pass_context
 @_run

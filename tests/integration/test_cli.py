@@ -18,8 +18,10 @@ from contextledger.store.dsn import asyncpg_dsn
 CLI = str(Path(sys.executable).with_name("contextledger"))
 
 
-def run(dsn: str, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CONTEXTLEDGER_DSN": dsn, "COLUMNS": "200"}
+def run(
+    dsn: str, *args: str, input: str | None = None, columns: int = 200
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CONTEXTLEDGER_DSN": dsn, "COLUMNS": str(columns)}
     return subprocess.run(
         [CLI, *args], capture_output=True, text=True, env=env, input=input, timeout=120, check=False
     )
@@ -127,3 +129,46 @@ def test_migrate_then_purge_with_an_audit_row(pg_dsn: str, postgresql: Any) -> N
     assert purged.returncode == 0, purged.stderr
     assert "5 events" in purged.stdout
     assert "cli" not in run(pg_dsn, "sessions").stdout
+
+
+def _cells(out: str, first: str) -> list[list[str]]:
+    """The cells of a rich table's body rows whose first cell is ``first``-like (digits)."""
+    rows = []
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip("│┃ ").split("│")]
+        if cells and (cells[0] == first or (first == "digits" and cells[0].isdigit())):
+            rows.append(cells)
+    return rows
+
+
+def test_tables_keep_seq_role_and_tokens_whole_at_80_columns(pg_dsn: str) -> None:
+    seed(pg_dsn)
+    events = run(pg_dsn, "events", "cli", columns=80)
+    assert events.returncode == 0, events.stderr
+    assert max(len(line) for line in events.stdout.splitlines()) <= 80
+    rows = _cells(events.stdout, "digits")
+    assert [r[0] for r in rows] == ["1", "2", "3", "4", "5"]
+    assert [r[2] for r in rows] == ["", "user", "assistant", "", "user"]
+    assert all(r[3].isdigit() for r in rows)  # tokens, whole
+    header = next(line for line in events.stdout.splitlines() if "seq" in line)
+    assert "tokens" in header and "role" in header
+    listed = run(pg_dsn, "sessions", columns=80)
+    [row] = _cells(listed.stdout, "cli")
+    assert row[3:] == ["5", row[4], row[5]] and row[4].isdigit() and row[5] == "3"
+    view = run(pg_dsn, "view", "cli", columns=80)
+    assert [r[1] for r in _cells(view.stdout, "digits")] == ["user", "assistant", "user"]
+
+
+def test_every_command_takes_dsn_home_and_tenant_after_its_name(pg_dsn: str) -> None:
+    """``anchor ID --dsn …`` was "No such option" while ``checkpoints ID --dsn …`` worked."""
+    seed(pg_dsn)
+    pinned = subprocess.run(
+        [CLI, "anchor", "cli", "--dsn", pg_dsn],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "CONTEXTLEDGER_DSN"},
+    )
+    assert pinned.returncode == 0, pinned.stderr
+    assert json.loads(pinned.stdout)["seq"] == 5

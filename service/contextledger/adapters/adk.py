@@ -38,6 +38,7 @@ from contextledger import (
     ConcurrencyError,
     InvalidArgument,
     Ledger,
+    OwnedLedger,
     Session,
     SessionNotFound,
 )
@@ -199,26 +200,20 @@ class LedgerSessionService(BaseSessionService):
         dsn: str | None = None,
         model: str | None = None,
     ) -> None:
-        if (ledger is None) == (dsn is None):
-            raise InvalidAdkArgument("pass exactly one of ledger= or dsn=", field="ledger")
-        self._ledger = ledger
-        self._dsn = dsn
-        self._owns = ledger is None
+        self._source = OwnedLedger(
+            ledger, dsn, error=lambda m: InvalidAdkArgument(m, field="ledger")
+        )
         self._model = model
         self._handles: dict[str, Session] = {}
         #: ledger id -> (head, seq holding the session state, that state)
         self._states: dict[str, tuple[int, int, dict[str, Any]]] = {}
 
     async def _get_ledger(self) -> Ledger:
-        if self._ledger is None:
-            self._ledger = await Ledger.open(self._dsn)
-        return self._ledger
+        return await self._source.get()
 
     async def close(self) -> None:
         """Close the ledger if this service opened it (from ``dsn=``)."""
-        if self._owns and self._ledger is not None:
-            await self._ledger.close()
-            self._ledger = None
+        await self._source.close()
 
     async def __aenter__(self) -> LedgerSessionService:
         return self

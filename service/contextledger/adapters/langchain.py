@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from contextledger import InvalidArgument, InvalidMessage, Ledger, Session
+from contextledger import InvalidArgument, InvalidMessage, Ledger, OwnedLedger, Session
 from contextledger.adapters._loops import LoopThread
 from contextledger.extras import missing_extra
 
@@ -178,13 +178,12 @@ class _Ledgers:
     opened."""
 
     def __init__(self, ledger: Ledger | None, dsn: str | None) -> None:
-        if (ledger is None) == (dsn is None):
-            raise InvalidArgument("pass exactly one of ledger= or dsn=", field="ledger")
-        self.given = ledger
-        self.dsn = dsn
+        source = OwnedLedger(ledger, dsn)
+        self.given = source.given
+        self.dsn = source.dsn
         self.bridge: LoopThread | None = None
-        self.bridge_ledger: Ledger | None = None
-        self._opening: asyncio.Lock | None = None  # made and used on the bridge loop only
+        #: the bridge's own ledger: opened on the bridge loop at first use, closed there
+        self.bridge_ledger: OwnedLedger | None = None
         self._lock = threading.Lock()
 
     def _memory(self) -> bool:
@@ -195,7 +194,8 @@ class _Ledgers:
         with self._lock:
             if self.bridge is None or not self.bridge.alive:
                 self.bridge = LoopThread("contextledger-langchain")
-                self.bridge_ledger, self._opening = None, None
+                target = self.dsn or (self.given.dsn if self.given is not None else None)
+                self.bridge_ledger = OwnedLedger(dsn=target) if target else None
             return self.bridge
 
     async def for_loop(self) -> Ledger:
@@ -206,13 +206,8 @@ class _Ledgers:
         if not on_bridge or (self.given is not None and self._memory()):
             assert self.given is not None, "with dsn= the ledger is used on the bridge only"
             return self.given
-        if self.bridge_ledger is None:
-            if self._opening is None:
-                self._opening = asyncio.Lock()
-            async with self._opening:
-                if self.bridge_ledger is None:
-                    self.bridge_ledger = await Ledger.open(self.dsn or self.given.dsn)  # type: ignore[union-attr]
-        return self.bridge_ledger
+        assert self.bridge_ledger is not None, "a bridge has a ledger of its own"
+        return await self.bridge_ledger.get()
 
     async def call(self, coro_fn: Callable[[], Awaitable[T]]) -> T:
         """Run from async code: on the bridge with ``dsn=`` (the caller's loop keeps

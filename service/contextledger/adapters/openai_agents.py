@@ -29,14 +29,16 @@ import threading
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from contextledger import Ledger, Session
-from contextledger.adapters._loops import LoopThread
-from contextledger.errors import (
+from contextledger import (
     ConcurrencyError,
-    ConfigError,
     InvalidArgument,
+    InvalidInput,
     InvalidMessage,
+    Ledger,
+    OwnedLedger,
+    Session,
 )
+from contextledger.adapters._loops import LoopThread
 from contextledger.extras import missing_extra
 
 try:
@@ -52,7 +54,8 @@ __all__ = ["ITEMS_KEY", "LedgerSession"]
 #: The key of a ledger message that holds the Responses items it was made from.
 ITEMS_KEY = "responses_items"
 _CHAT_ROLES = frozenset({"user", "assistant", "system", "developer"})
-_BAD_INPUT = (InvalidMessage, InvalidArgument, ConfigError)
+#: the caller's input (``errors.InvalidInput``: a message, an argument, a config…)
+_BAD_INPUT = InvalidInput
 #: attempts at a pop before a ConcurrencyError is raised (each lost race is a pop won by
 #: another writer, so the next attempt reads a shorter view)
 _POP_RETRIES = 16
@@ -331,8 +334,7 @@ class LedgerSession(SessionABC):
         config: Mapping[str, Any] | None = None,
         session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> None:
-        if (ledger is None) == (dsn is None):
-            raise UserError("LedgerSession takes exactly one of ledger= or dsn=")
+        source = OwnedLedger(ledger, dsn, error=lambda m: UserError(f"LedgerSession: {m}"))
         if token_budget is not None and (
             isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget <= 0
         ):
@@ -344,8 +346,9 @@ class LedgerSession(SessionABC):
             else SessionSettings()
         )
         self.token_budget = token_budget
-        self._ledger = ledger
-        self._dsn = dsn
+        #: ``ledger=`` is used where it lives; ``dsn=`` (and a foreign loop's own pool)
+        #: is opened per loop thread, in ``_open`` under that place's lock
+        self._ledger, self._dsn = source.given, source.dsn
         self._model = model
         self._config = dict(config) if config is not None else None
         #: the ledger's own loop (``ledger=``) and the place there

@@ -27,8 +27,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from contextledger import Ledger, Session
-from contextledger.errors import InvalidArgument, InvalidMessage
+from contextledger import InvalidInput, Ledger, OwnedLedger, Session
 from contextledger.extras import missing_extra
 
 try:
@@ -233,17 +232,13 @@ class LedgerHistory:
         model: str | None = None,
         config: Mapping[str, Any] | None = None,
     ) -> None:
-        if (ledger is None) == (dsn is None):
-            raise UserError("LedgerHistory takes exactly one of ledger= or dsn=")
+        self._source = OwnedLedger(ledger, dsn, error=lambda m: UserError(f"LedgerHistory: {m}"))
         if token_budget is not None and (
             isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget <= 0
         ):
             raise UserError("token_budget must be a positive int")
         self.session_id = session_id
         self.token_budget = token_budget
-        self._ledger = ledger
-        self._dsn = dsn
-        self._owns_ledger = ledger is None
         self._model = model
         self._config = dict(config) if config is not None else None
         self._session: Session | None = None
@@ -258,12 +253,11 @@ class LedgerHistory:
         """The underlying contextledger ``Session`` (checkpoints, verify, usage…)."""
         if self._session is None:
             try:
-                if self._ledger is None:
-                    self._ledger = await Ledger.open(self._dsn)
-                self._session = await self._ledger.session(
+                ledger = await self._source.get()
+                self._session = await ledger.session(
                     self.session_id, model=self._model, config=self._config
                 )
-            except (InvalidMessage, InvalidArgument) as exc:
+            except InvalidInput as exc:
                 raise UserError(str(exc)) from exc
         return self._session
 
@@ -288,7 +282,7 @@ class LedgerHistory:
             session = await self.session()
             try:
                 chats = await session.get_messages_for_request(self.token_budget)
-            except (InvalidMessage, InvalidArgument) as exc:
+            except InvalidInput as exc:
                 raise UserError(str(exc)) from exc
             fitted, rebuilt = _from_chat(chats)
             assert self._known is not None
@@ -336,7 +330,7 @@ class LedgerHistory:
         if new:
             try:
                 await session.add_messages(new)
-            except (InvalidMessage, InvalidArgument) as exc:
+            except InvalidInput as exc:
                 raise UserError(str(exc)) from exc
         self._known.update(prints)
         return sum(1 for c in new if c[MESSAGE_KEY]["part"] == 0)
@@ -385,6 +379,6 @@ class LedgerHistory:
 
     async def close(self) -> None:
         """Close the ledger when this history opened it (``dsn=``)."""
-        if self._owns_ledger and self._ledger is not None:
-            await self._ledger.close()
-            self._ledger, self._session = None, None
+        if self._source.owned:
+            await self._source.close()
+            self._session = None

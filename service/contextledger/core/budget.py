@@ -17,7 +17,12 @@ from enum import StrEnum
 from typing import Any
 
 from contextledger.core.config import ContextConfig
-from contextledger.core.model_limits import ModelLimits, bare_model_name, model_limits
+from contextledger.core.model_limits import (
+    ModelLimits,
+    bare_model_name,
+    model_limits,
+    positive_int,
+)
 from contextledger.core.providers import model_family
 from contextledger.errors import CompactionError, ConfigError, InvalidArgument
 
@@ -154,12 +159,6 @@ def budget_for(
     )
 
 
-def _positive_int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        return None
-    return int(value)
-
-
 def provider_limits(provider: Any) -> tuple[int | None, int | None]:
     """``(context_window, max_output_tokens)`` from ``provider.get_info().defaults``.
 
@@ -185,8 +184,8 @@ def provider_limits(provider: Any) -> tuple[int | None, int | None]:
 
     def read(key: str) -> int | None:
         if isinstance(defaults, Mapping):
-            return _positive_int(defaults.get(key))
-        return _positive_int(getattr(defaults, key, None))
+            return positive_int(defaults.get(key))
+        return positive_int(getattr(defaults, key, None))
 
     return read("context_window"), read("max_output_tokens")
 

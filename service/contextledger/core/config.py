@@ -14,8 +14,8 @@ from __future__ import annotations
 import copy
 import math
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, ClassVar, Literal, TypeVar, get_args
 
@@ -220,22 +220,169 @@ def _thaw(value: Any, *, redact: bool) -> Any:
     return value
 
 
+# --------------------------------------------------------------------------- declaring
+
+#: A field's check: ``(dotted key, raw value) -> the value to hold``, raising
+#: ``ConfigError`` naming the key.
+Check = Callable[[str, Any], Any]
+_ABSENT = object()
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    check: Check,
+    help: str,
+    default_factory: Callable[[], Any] | Any = MISSING,
+    absent: Any = _ABSENT,
+    secret: bool = False,
+) -> Any:
+    """A config field declared once: its default, its check and its help (for the docs'
+    table, ``describe_fields``). ``absent`` is what the check gets when the key is
+    missing (default: the field's default); ``secret`` values are redacted in
+    ``to_dict`` and never recorded."""
+    metadata = {"check": check, "help": help, "absent": absent, "secret": secret}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=metadata, repr=not secret)
+    return field(default=default, metadata=metadata, repr=not secret)
+
+
+def integer(minimum: int, *, optional: bool = False) -> Check:
+    return lambda key, value: _int(key, value, minimum=minimum, optional=optional)
+
+
+def bounded(test: Callable[[float], bool], text: str) -> Check:
+    """A finite number passing ``test``; ``text`` says the range (``in (0, 1]``)."""
+
+    def check(key: str, value: Any) -> float:
+        result = _float(key, value)
+        if not test(result):
+            raise ConfigError(f"{key} must be {text}, got {result}", key=key)
+        return result
+
+    return check
+
+
+def flag() -> Check:
+    return _bool
+
+
+def text(*, optional: bool = False) -> Check:
+    return lambda key, value: _str(key, value, optional=optional)
+
+
+def one_of(choices: Sequence[str], *, optional: bool = False) -> Check:
+    return lambda key, value: _choice(key, value, choices, optional=optional)
+
+
+def _checked(cls: type, mapping: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """Every declared field of ``cls`` read from ``mapping`` through its check."""
+    values: dict[str, Any] = {}
+    defaults = cls()
+    for f in fields(cls):
+        check = f.metadata.get("check")
+        if check is None:
+            continue
+        if f.name in mapping:
+            raw = mapping[f.name]
+        elif f.metadata["absent"] is not _ABSENT:
+            raw = f.metadata["absent"]
+        else:
+            raw = getattr(defaults, f.name)
+        values[f.name] = check(prefix + f.name, raw)
+    return values
+
+
+def _as_dict(obj: Any, *, redact: bool) -> dict[str, Any]:
+    """The plain form of a config object, field by field (nested configs as theirs)."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if f.metadata.get("secret"):
+            out[f.name] = REDACTED if redact and value is not None else value
+        elif hasattr(value, "to_dict"):
+            out[f.name] = value.to_dict(redact=redact)
+        elif isinstance(value, tuple) and all(hasattr(v, "to_dict") for v in value) and value:
+            out[f.name] = [v.to_dict(redact=redact) for v in value]
+        else:
+            out[f.name] = _thaw(value, redact=redact)
+    return out
+
+
+def _names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
+
+
+def describe_fields() -> list[dict[str, Any]]:
+    """Every config key, for the docs' table: ``{key, type, default, help}`` rows, nested
+    keys dotted (``summarizer.max_summary_tokens``, ``summarizer.models[].timeout``)."""
+    literal = {
+        "Strategy": " | ".join(STRATEGIES),
+        "Profile": " | ".join(PROFILES),
+        "SummaryRole": " | ".join(SUMMARY_ROLES),
+    }
+    rows: list[dict[str, Any]] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        defaults = cls() if cls is not SummarizerModel else None
+        for f in fields(cls):
+            nested = {"summarizer": SummarizerConfig, "recall": RecallConfig}.get(f.name)
+            if nested is not None and cls is ContextConfig:
+                walk(nested, f"{f.name}.")
+                continue
+            if f.name == "models" and cls is SummarizerConfig:
+                walk(SummarizerModel, f"{prefix}models[].")
+                continue
+            if f.default is not MISSING:
+                default = f.default
+            elif defaults is not None:
+                default = _thaw(getattr(defaults, f.name), redact=True)
+            else:
+                default = None
+            kind = str(f.type)
+            for alias, choices in literal.items():
+                kind = kind.replace(alias, choices)
+            rows.append(
+                {
+                    "key": prefix + f.name,
+                    "type": kind,
+                    "default": _thaw(default, redact=True),
+                    "help": f.metadata.get("help", ""),
+                }
+            )
+
+    walk(ContextConfig, "")
+    return rows
+
+
 # --------------------------------------------------------------------------- summarizer
+
+
+def _timeout(key: str, value: Any) -> float:
+    timeout = _float(key, value)
+    if timeout <= 0:
+        raise ConfigError(f"{key} must be > 0, got {timeout}", key=key)
+    return timeout
 
 
 @dataclass(frozen=True, slots=True)
 class SummarizerModel:
     """One model of the summarizer's fallback chain (tried in order)."""
 
-    model: str
-    api_base: str | None = None
-    api_key: str | None = field(default=None, repr=False)
-    timeout: float = 30.0
-    num_retries: int = 1
-
-    KEYS: ClassVar[frozenset[str]] = frozenset(
-        {"model", "api_base", "api_key", "timeout", "num_retries"}
+    model: str = setting(check=text(), help="A litellm model name (required).")
+    api_base: str | None = setting(
+        None, check=text(optional=True), help="The model's endpoint, when not the provider's."
     )
+    api_key: str | None = setting(
+        None,
+        check=text(optional=True),
+        secret=True,
+        help="Its API key: kept in the process, recorded redacted.",
+    )
+    timeout: float = setting(30.0, check=_timeout, help="Seconds a summary call may take.")
+    num_retries: int = setting(1, check=integer(0), help="Retries of a failed call.")
+
+    KEYS: ClassVar[frozenset[str]]
 
     @classmethod
     def from_mapping(cls, raw: object, *, key: str) -> SummarizerModel:
@@ -245,124 +392,95 @@ class SummarizerModel:
         _unknown(f"{key}.", mapping, cls.KEYS)
         if "model" not in mapping:
             raise ConfigError(f"{key}.model is required", key=f"{key}.model")
-        model = _str(f"{key}.model", mapping["model"])
-        assert model is not None
-        timeout = _float(f"{key}.timeout", mapping.get("timeout", 30.0))
-        if timeout <= 0:
-            raise ConfigError(f"{key}.timeout must be > 0, got {timeout}", key=f"{key}.timeout")
-        retries = _int(f"{key}.num_retries", mapping.get("num_retries", 1), minimum=0)
-        assert retries is not None
-        return cls(
-            model=model,
-            api_base=_str(f"{key}.api_base", mapping.get("api_base"), optional=True),
-            api_key=_str(f"{key}.api_key", mapping.get("api_key"), optional=True),
-            timeout=timeout,
-            num_retries=retries,
-        )
+        return cls(**_checked_model(mapping, f"{key}."))
 
     def to_dict(self, *, redact: bool = True) -> dict[str, Any]:
-        key = REDACTED if redact and self.api_key is not None else self.api_key
-        return {
-            "model": self.model,
-            "api_base": self.api_base,
-            "api_key": key,
-            "timeout": self.timeout,
-            "num_retries": self.num_retries,
-        }
+        return _as_dict(self, redact=redact)
+
+
+def _checked_model(mapping: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    # SummarizerModel has no default model, so no default instance to read absent keys from
+    values: dict[str, Any] = {}
+    for f in fields(SummarizerModel):
+        raw = mapping.get(f.name, None if f.default is MISSING else f.default)
+        values[f.name] = f.metadata["check"](prefix + f.name, raw)
+    return values
+
+
+SummarizerModel.KEYS = _names(SummarizerModel)
+
+
+def _models(key: str, raw: Any) -> tuple[SummarizerModel, ...]:
+    if raw is None:
+        raw = []
+    if isinstance(raw, str | Mapping) or not isinstance(raw, Sequence):
+        raise ConfigError(f"{key} must be a list, got {raw!r}", key=key)
+    return tuple(SummarizerModel.from_mapping(m, key=f"{key}[{i}]") for i, m in enumerate(raw))
 
 
 @dataclass(frozen=True, slots=True)
 class SummarizerConfig:
     """How rolling summaries are made; see ``compaction.select`` for what gets folded."""
 
-    models: tuple[SummarizerModel, ...] = ()
-    max_summary_tokens: int = 1024
-    preserve_recent_turns: int = 5
-    preserve_tokens: int | None = None
-    min_messages: int = 4
-    prompt: str | None = None
-    offline_fallback: bool = True
-    summary_role: SummaryRole = "user"
-    summary_position: Literal["in_place"] = "in_place"
-
-    KEYS: ClassVar[frozenset[str]] = frozenset(
-        {
-            "models",
-            "max_summary_tokens",
-            "preserve_recent_turns",
-            "preserve_tokens",
-            "min_messages",
-            "prompt",
-            "offline_fallback",
-            "summary_role",
-            "summary_position",
-        }
+    models: tuple[SummarizerModel, ...] = setting(
+        (),
+        check=_models,
+        help="The fallback chain of models (litellm specs, or just names), tried in order; "
+        "none: the offline summary.",
     )
+    max_summary_tokens: int = setting(1024, check=integer(1), help="Longest summary, in tokens.")
+    preserve_recent_turns: int = setting(
+        5, check=integer(0), help="Turns at the end never folded into a summary."
+    )
+    preserve_tokens: int | None = setting(
+        None,
+        check=integer(0, optional=True),
+        help="Tokens at the end never folded (instead of counting turns).",
+    )
+    min_messages: int = setting(4, check=integer(1), help="Fewest messages worth a summary.")
+    prompt: str | None = setting(
+        None, check=text(optional=True), help="The summary prompt (default: the built-in one)."
+    )
+    offline_fallback: bool = setting(
+        True, check=flag(), help="When every model fails, summarize offline instead of failing."
+    )
+    summary_role: SummaryRole = setting(
+        "user", check=one_of(SUMMARY_ROLES), help="The role the summary message takes."
+    )
+    summary_position: Literal["in_place"] = setting(
+        "in_place",
+        check=one_of(SUMMARY_POSITIONS),
+        help="Where the summary goes: in place of the turns it folds (the prefix stays put).",
+    )
+
+    KEYS: ClassVar[frozenset[str]]
 
     @classmethod
     def from_mapping(cls, raw: object, *, key: str = "summarizer") -> SummarizerConfig:
         mapping = _mapping(key, {} if raw is None else raw)
         _unknown(f"{key}.", mapping, cls.KEYS)
-        models_raw = mapping.get("models", [])
-        if models_raw is None:
-            models_raw = []
-        if isinstance(models_raw, str | Mapping) or not isinstance(models_raw, Sequence):
-            raise ConfigError(
-                f"{key}.models must be a list, got {models_raw!r}", key=f"{key}.models"
-            )
-        models = tuple(
-            SummarizerModel.from_mapping(m, key=f"{key}.models[{i}]")
-            for i, m in enumerate(models_raw)
-        )
-        d = cls()
-        return cls(
-            models=models,
-            max_summary_tokens=_req_int(
-                f"{key}.max_summary_tokens",
-                mapping.get("max_summary_tokens", d.max_summary_tokens),
-                minimum=1,
-            ),
-            preserve_recent_turns=_req_int(
-                f"{key}.preserve_recent_turns",
-                mapping.get("preserve_recent_turns", d.preserve_recent_turns),
-                minimum=0,
-            ),
-            preserve_tokens=_int(
-                f"{key}.preserve_tokens", mapping.get("preserve_tokens"), minimum=0, optional=True
-            ),
-            min_messages=_req_int(
-                f"{key}.min_messages", mapping.get("min_messages", d.min_messages), minimum=1
-            ),
-            prompt=_str(f"{key}.prompt", mapping.get("prompt"), optional=True),
-            offline_fallback=_bool(
-                f"{key}.offline_fallback", mapping.get("offline_fallback", d.offline_fallback)
-            ),
-            summary_role=_choice(  # type: ignore[arg-type]
-                f"{key}.summary_role", mapping.get("summary_role", d.summary_role), SUMMARY_ROLES
-            ),
-            summary_position=_choice(  # type: ignore[arg-type]
-                f"{key}.summary_position",
-                mapping.get("summary_position", d.summary_position),
-                SUMMARY_POSITIONS,
-            ),
-        )
+        return cls(**_checked(cls, mapping, f"{key}."))
 
     def to_dict(self, *, redact: bool = True) -> dict[str, Any]:
-        return {
-            "models": [m.to_dict(redact=redact) for m in self.models],
-            "max_summary_tokens": self.max_summary_tokens,
-            "preserve_recent_turns": self.preserve_recent_turns,
-            "preserve_tokens": self.preserve_tokens,
-            "min_messages": self.min_messages,
-            "prompt": self.prompt,
-            "offline_fallback": self.offline_fallback,
-            "summary_role": self.summary_role,
-            "summary_position": self.summary_position,
-        }
+        return _as_dict(self, redact=redact)
 
+
+SummarizerConfig.KEYS = _names(SummarizerConfig)
 
 RECALL_ENGINES: tuple[str, ...] = ("lexical", "hybrid")
 _TS_CONFIG_RE = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$")
+
+
+def _ts_config(key: str, value: Any) -> str:
+    name = _str(key, value)
+    assert name is not None
+    if not _TS_CONFIG_RE.match(name):
+        raise ConfigError(
+            f"{key} must name a PostgreSQL text search configuration "
+            f"(e.g. english, simple), got {name!r}",
+            key=key,
+        )
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,101 +492,109 @@ class RecallConfig:
     reciprocal rank fusion where the ``vector`` extension exists, lexical elsewhere.
     """
 
-    enabled: bool = True
-    share: float = 0.15
+    enabled: bool = setting(True, check=flag(), help="Bring left-out turns back by search.")
+    share: float = setting(
+        0.15,
+        check=bounded(lambda v: 0 < v <= 0.5, "in (0, 0.5]"),
+        help="The part of a request's budget the recall block may take.",
+    )
     #: The most of a request the block may take when the latest turn asks about the past
     #: (``core.recall.asks_about_past``): the oldest part of the view makes room, and
     #: what the block leaves unused goes back to the view.
-    max_share: float = 0.5
-    engine: Literal["lexical", "hybrid"] = "lexical"
-    text_search_config: str = "english"
-    max_matches: int = 40
-    embedding_model: str | None = None
-    embedding_api_base: str | None = None
-    embedding_api_key: str | None = field(default=None, repr=False)
-
-    KEYS: ClassVar[frozenset[str]] = frozenset(
-        {
-            "enabled",
-            "share",
-            "max_share",
-            "engine",
-            "text_search_config",
-            "max_matches",
-            "embedding_model",
-            "embedding_api_base",
-            "embedding_api_key",
-        }
+    max_share: float = setting(
+        0.5,
+        check=_float,
+        help="The most it may take when the latest turn asks about the past, in [share, 0.8].",
     )
+    engine: Literal["lexical", "hybrid"] = setting(
+        "lexical",
+        check=one_of(RECALL_ENGINES),
+        help="lexical (full-text search) or hybrid (adds embeddings; needs embedding_model).",
+    )
+    text_search_config: str = setting(
+        "english",
+        check=_ts_config,
+        help="The PostgreSQL text search configuration (the index is built with english).",
+    )
+    max_matches: int = setting(40, check=integer(1), help="Most candidates a search returns.")
+    embedding_model: str | None = setting(
+        None, check=text(optional=True), help="A litellm embedding model (hybrid only)."
+    )
+    embedding_api_base: str | None = setting(
+        None, check=text(optional=True), help="The embedding model's endpoint."
+    )
+    embedding_api_key: str | None = setting(
+        None,
+        check=text(optional=True),
+        secret=True,
+        help="Its API key: kept in the process, recorded redacted.",
+    )
+
+    KEYS: ClassVar[frozenset[str]]
 
     @classmethod
     def from_mapping(cls, raw: object, *, key: str = "recall") -> RecallConfig:
         mapping = _mapping(key, {} if raw is None else raw)
         _unknown(f"{key}.", mapping, cls.KEYS)
-        d = cls()
-        share = _float(f"{key}.share", mapping.get("share", d.share))
-        if not 0 < share <= 0.5:
-            raise ConfigError(f"{key}.share must be in (0, 0.5], got {share}", key=f"{key}.share")
-        max_share = _float(f"{key}.max_share", mapping.get("max_share", max(share, d.max_share)))
+        values = _checked(cls, mapping, f"{key}.")
+        share, max_share = values["share"], values["max_share"]
         if not share <= max_share <= 0.8:
             raise ConfigError(
                 f"{key}.max_share must be in [share, 0.8] (share is {share}), got {max_share}",
                 key=f"{key}.max_share",
             )
-        ts_config = _str(
-            f"{key}.text_search_config", mapping.get("text_search_config", d.text_search_config)
-        )
-        assert ts_config is not None
-        if not _TS_CONFIG_RE.match(ts_config):
-            raise ConfigError(
-                f"{key}.text_search_config must name a PostgreSQL text search configuration "
-                f"(e.g. english, simple), got {ts_config!r}",
-                key=f"{key}.text_search_config",
-            )
-        engine = _choice(f"{key}.engine", mapping.get("engine", d.engine), RECALL_ENGINES)
-        model = _str(f"{key}.embedding_model", mapping.get("embedding_model"), optional=True)
-        if engine == "hybrid" and model is None:
+        if values["engine"] == "hybrid" and values["embedding_model"] is None:
             raise ConfigError(
                 f"{key}.engine hybrid needs {key}.embedding_model (a litellm model name)",
                 key=f"{key}.embedding_model",
             )
-        return cls(
-            enabled=_bool(f"{key}.enabled", mapping.get("enabled", d.enabled)),
-            share=share,
-            max_share=max_share,
-            engine=engine,  # type: ignore[arg-type]
-            text_search_config=ts_config,
-            max_matches=_req_int(
-                f"{key}.max_matches", mapping.get("max_matches", d.max_matches), minimum=1
-            ),
-            embedding_model=model,
-            embedding_api_base=_str(
-                f"{key}.embedding_api_base", mapping.get("embedding_api_base"), optional=True
-            ),
-            embedding_api_key=_str(
-                f"{key}.embedding_api_key", mapping.get("embedding_api_key"), optional=True
-            ),
-        )
+        return cls(**values)
 
     def to_dict(self, *, redact: bool = True) -> dict[str, Any]:
-        key = self.embedding_api_key
-        return {
-            "enabled": self.enabled,
-            "share": self.share,
-            "max_share": self.max_share,
-            "engine": self.engine,
-            "text_search_config": self.text_search_config,
-            "max_matches": self.max_matches,
-            "embedding_model": self.embedding_model,
-            "embedding_api_base": self.embedding_api_base,
-            "embedding_api_key": REDACTED if redact and key is not None else key,
-        }
+        return _as_dict(self, redact=redact)
+
+
+RecallConfig.KEYS = _names(RecallConfig)
 
 
 def _req_int(key: str, value: object, *, minimum: int) -> int:
     result = _int(key, value, minimum=minimum)
     assert result is not None
     return result
+
+
+def _protected_tools(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise ConfigError(f"{key} must be a list of tool names, got {value!r}", key=key)
+    return tuple(_str(f"{key}[{i}]", t) or "" for i, t in enumerate(value))
+
+
+def _token_counter(key: str, counter: Any) -> str:
+    if not isinstance(counter, str) or not (match := _COUNTER_RE.match(counter)):
+        raise ConfigError(
+            "token_counter must be auto, tiktoken, litellm, chars or chars:<chars per token>, "
+            f"got {counter!r}",
+            key=key,
+        )
+    if match[2] is not None:
+        ratio: float | None
+        try:
+            ratio = float(match[2])
+        except ValueError:
+            ratio = None
+        if match[1] != "chars" or ratio is None or not math.isfinite(ratio) or ratio <= 0:
+            raise ConfigError(
+                f"token_counter ratio must follow 'chars:' and be a number > 0, got {counter!r}",
+                key=key,
+            )
+    return counter
+
+
+def _overrides(key: str, value: Any) -> Mapping[str, Any]:
+    overrides = _mapping(key, {} if value is None else value)
+    check_overrides(overrides)
+    frozen: Mapping[str, Any] = _freeze(overrides)
+    return frozen
 
 
 # --------------------------------------------------------------------------- context
@@ -482,27 +608,88 @@ class ContextConfig:
     is a tuple. Construct through ``from_mapping``/``merged`` so values are checked.
     """
 
-    max_tokens: int | None = None
-    compact_threshold: float = 0.92
-    compact_target: float = 0.6
-    auto_compact: bool = False
-    compaction_strategy: Strategy = "truncate"
-    preserve_system: bool = True
-    keep_recent: int = 10
-    protected_tools: tuple[str, ...] = ("skill", "memory_search")
-    max_tool_output_chars: int = 10_000
-    protect_recent_tool_results: int = 3
-    min_score: float = 0.3
-    token_counter: str = "auto"
-    profile: Profile | None = None
-    context_window: int | None = None
-    max_output_tokens: int | None = None
-    safety_margin: int | None = None
-    model_overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    max_tokens: int | None = setting(
+        None, check=integer(1, optional=True), help="A cap on the context, in tokens."
+    )
+    compact_threshold: float = setting(
+        0.92,
+        check=bounded(lambda v: 0 < v <= 1, "in (0, 1]"),
+        help="Compact when the view reaches this part of the budget.",
+    )
+    compact_target: float = setting(
+        0.6,
+        check=_float,
+        help="Compact down to this part of the budget (> 0, below compact_threshold).",
+    )
+    auto_compact: bool = setting(
+        False, check=flag(), help="Compact on append, not only when a request is fitted."
+    )
+    compaction_strategy: Strategy = setting(
+        "truncate", check=one_of(STRATEGIES), help="What compaction drops or folds first."
+    )
+    preserve_system: bool = setting(True, check=flag(), help="Never compact system messages.")
+    keep_recent: int = setting(10, check=integer(1), help="Latest messages always kept.")
+    protected_tools: tuple[str, ...] = setting(
+        ("skill", "memory_search"),
+        check=_protected_tools,
+        help="Tools whose results are never pruned.",
+    )
+    max_tool_output_chars: int = setting(
+        10_000, check=integer(100), help="Longer tool outputs are pruned when compacting."
+    )
+    protect_recent_tool_results: int = setting(
+        3, check=integer(0), help="Latest tool results never pruned."
+    )
+    min_score: float = setting(
+        0.3,
+        check=bounded(lambda v: 0 <= v <= 1, "in [0, 1]"),
+        help="Least importance score kept by the importance strategy.",
+    )
+    token_counter: str = setting(
+        "auto",
+        check=_token_counter,
+        help="auto | tiktoken | litellm | chars | chars:<chars per token>.",
+    )
+    profile: Profile | None = setting(
+        None,
+        check=one_of(PROFILES, optional=True),
+        help="A preset of thresholds: conservative | balanced | aggressive.",
+    )
+    context_window: int | None = setting(
+        None,
+        check=integer(1, optional=True),
+        help="The model's window, when it is not known (or to override it).",
+    )
+    max_output_tokens: int | None = setting(
+        None, check=integer(1, optional=True), help="Tokens kept free for the answer."
+    )
+    safety_margin: int | None = setting(
+        None, check=integer(0, optional=True), help="Tokens kept free beyond the answer."
+    )
+    model_overrides: Mapping[str, Any] = setting(
+        check=_overrides,
+        default_factory=lambda: MappingProxyType({}),
+        absent=None,
+        help="Per model: {name: {context_window, max_output_tokens}}.",
+    )
     #: The largest message (its JSON, in bytes) a session accepts; beyond it InvalidMessage.
-    max_message_bytes: int = 4 * 1024 * 1024
-    summarizer: SummarizerConfig = field(default_factory=SummarizerConfig)
-    recall: RecallConfig = field(default_factory=RecallConfig)
+    max_message_bytes: int = setting(
+        4 * 1024 * 1024,
+        check=integer(1024),
+        help="The largest message (its JSON, in bytes) a session accepts.",
+    )
+    summarizer: SummarizerConfig = setting(
+        check=lambda key, value: SummarizerConfig.from_mapping(value),
+        default_factory=SummarizerConfig,
+        absent=None,
+        help="How summaries are made (the summarizer.* keys).",
+    )
+    recall: RecallConfig = setting(
+        check=lambda key, value: RecallConfig.from_mapping(value),
+        default_factory=RecallConfig,
+        absent=None,
+        help="Recall of left-out turns (the recall.* keys).",
+    )
 
     @classmethod
     def keys(cls) -> frozenset[str]:
@@ -551,117 +738,19 @@ class ContextConfig:
         mapping = _mapping("<root>", raw)
         _refuse_deployment_keys(mapping)
         _unknown("", mapping, cls.keys())
-        d = cls()
-
-        def get(key: str, default: T) -> Any:
-            return mapping.get(key, default)
-
-        threshold = _float("compact_threshold", get("compact_threshold", d.compact_threshold))
-        if not 0 < threshold <= 1:
-            raise ConfigError(
-                f"compact_threshold must be in (0, 1], got {threshold}", key="compact_threshold"
-            )
-        target = _float("compact_target", get("compact_target", d.compact_target))
+        values = _checked(cls, mapping, "")
+        threshold, target = values["compact_threshold"], values["compact_target"]
         if not 0 < target < threshold:
             raise ConfigError(
                 f"compact_target must be > 0 and below compact_threshold ({threshold}), "
                 f"got {target}",
                 key="compact_target",
             )
-        min_score = _float("min_score", get("min_score", d.min_score))
-        if not 0 <= min_score <= 1:
-            raise ConfigError(f"min_score must be in [0, 1], got {min_score}", key="min_score")
-
-        tools_raw = get("protected_tools", list(d.protected_tools))
-        if isinstance(tools_raw, str) or not isinstance(tools_raw, Sequence):
-            raise ConfigError(
-                f"protected_tools must be a list of tool names, got {tools_raw!r}",
-                key="protected_tools",
-            )
-        tools = tuple(_str(f"protected_tools[{i}]", t) or "" for i, t in enumerate(tools_raw))
-
-        counter = get("token_counter", d.token_counter)
-        if not isinstance(counter, str) or not (match := _COUNTER_RE.match(counter)):
-            raise ConfigError(
-                "token_counter must be auto, tiktoken, litellm, chars or chars:<chars per token>, "
-                f"got {counter!r}",
-                key="token_counter",
-            )
-        if match[2] is not None:
-            ratio: float | None
-            try:
-                ratio = float(match[2])
-            except ValueError:
-                ratio = None
-            if match[1] != "chars" or ratio is None or not math.isfinite(ratio) or ratio <= 0:
-                raise ConfigError(
-                    "token_counter ratio must follow 'chars:' and be a number > 0, "
-                    f"got {counter!r}",
-                    key="token_counter",
-                )
-
-        raw_overrides = get("model_overrides", None)
-        overrides = _mapping("model_overrides", {} if raw_overrides is None else raw_overrides)
-        check_overrides(overrides)
-        summarizer = SummarizerConfig.from_mapping(get("summarizer", None))
-
-        return cls(
-            max_tokens=_int("max_tokens", get("max_tokens", None), minimum=1, optional=True),
-            compact_threshold=threshold,
-            compact_target=target,
-            auto_compact=_bool("auto_compact", get("auto_compact", d.auto_compact)),
-            compaction_strategy=_choice(  # type: ignore[arg-type]
-                "compaction_strategy", get("compaction_strategy", d.compaction_strategy), STRATEGIES
-            ),
-            preserve_system=_bool("preserve_system", get("preserve_system", d.preserve_system)),
-            keep_recent=_req_int("keep_recent", get("keep_recent", d.keep_recent), minimum=1),
-            protected_tools=tools,
-            max_tool_output_chars=_req_int(
-                "max_tool_output_chars",
-                get("max_tool_output_chars", d.max_tool_output_chars),
-                minimum=100,
-            ),
-            protect_recent_tool_results=_req_int(
-                "protect_recent_tool_results",
-                get("protect_recent_tool_results", d.protect_recent_tool_results),
-                minimum=0,
-            ),
-            min_score=min_score,
-            token_counter=counter,
-            profile=_choice(  # type: ignore[arg-type]
-                "profile", get("profile", None), PROFILES, optional=True
-            ),
-            context_window=_int(
-                "context_window", get("context_window", None), minimum=1, optional=True
-            ),
-            max_output_tokens=_int(
-                "max_output_tokens", get("max_output_tokens", None), minimum=1, optional=True
-            ),
-            safety_margin=_int(
-                "safety_margin", get("safety_margin", None), minimum=0, optional=True
-            ),
-            model_overrides=_freeze(overrides),
-            max_message_bytes=_req_int(
-                "max_message_bytes",
-                get("max_message_bytes", d.max_message_bytes),
-                minimum=1024,
-            ),
-            summarizer=summarizer,
-            recall=RecallConfig.from_mapping(get("recall", None)),
-        )
+        return cls(**values)
 
     def _raw(self) -> dict[str, Any]:
         """Unredacted plain form: the input ``merged`` starts from."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "summarizer":
-                out[f.name] = self.summarizer.to_dict(redact=False)
-            elif f.name == "recall":
-                out[f.name] = self.recall.to_dict(redact=False)
-            else:
-                out[f.name] = _thaw(value, redact=False)
-        return out
+        return _as_dict(self, redact=False)
 
     def merged(self, overrides: Mapping[str, Any] | str | None) -> ContextConfig:
         """A new config with ``overrides`` applied and validated again.
@@ -686,13 +775,4 @@ class ContextConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form for the ledger; api keys, secrets and DSN passwords are redacted."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "summarizer":
-                out[f.name] = self.summarizer.to_dict(redact=True)
-            elif f.name == "recall":
-                out[f.name] = self.recall.to_dict(redact=True)
-            else:
-                out[f.name] = _thaw(value, redact=True)
-        return out
+        return _as_dict(self, redact=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import math
 import re
 import threading
 from collections.abc import Mapping
@@ -155,10 +156,15 @@ def name_candidates(model: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _positive_int(value: Any) -> int | None:
+def positive_int(value: Any) -> int | None:
+    """A token count read from data we do not own (litellm's map, a provider's info): the
+    whole number of a finite number >= 1, else None. The one reading: NaN, infinities,
+    bools, strings and fractions below 1 (``0.5`` would be a window of 0) are all None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return int(value) if value > 0 else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return int(value) if value >= 1 else None
 
 
 def _litellm_lookup(name: str) -> ModelLimits | None:
@@ -190,10 +196,10 @@ def _litellm_lookup(name: str) -> ModelLimits | None:
             key = str(info.get("key") or name)
     if entry is None:
         return None
-    window = _positive_int(entry.get("max_input_tokens"))
+    window = positive_int(entry.get("max_input_tokens"))
     if window is None:
         return None
-    return ModelLimits(window, _positive_int(entry.get("max_output_tokens")), f"litellm:{key}")
+    return ModelLimits(window, positive_int(entry.get("max_output_tokens")), f"litellm:{key}")
 
 
 def _builtin_lookup(name: str) -> ModelLimits | None:
@@ -233,7 +239,7 @@ def _override_for(
 def _validated(value: Any, key: str, *, optional: bool) -> int | None:
     if value is None and optional:
         return None
-    checked = _positive_int(value)
+    checked = positive_int(value)
     if checked is None or checked != value:
         raise ConfigError(f"{key} must be a positive integer, got {value!r}", key=key)
     return checked

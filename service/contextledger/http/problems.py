@@ -17,20 +17,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from contextledger import errors as e
 
 MEDIA_TYPE = "application/problem+json"
+#: Status by *group* of the error tree (``errors.py``): a new leaf class inherits its
+#: group's status, so nothing falls through to a client-fault 400.
 STATUS: dict[type[e.ContextLedgerError], int] = {
-    e.InvalidMessage: 422,
-    e.InvalidArgument: 422,
-    e.ConfigError: 422,
-    e.SeqOutOfRange: 422,
-    e.SessionNotFound: 404,
-    e.CheckpointNotFound: 404,
-    e.ConcurrencyError: 409,
-    e.IdempotencyConflict: 409,
-    e.SessionExists: 409,
-    e.LedgerUnavailable: 503,
-    e.MigrationRequired: 503,
-    e.LedgerClosed: 503,
+    e.InvalidInput: 422,
+    e.NotFound: 404,
+    e.Conflict: 409,
+    e.StoreError: 503,
+    e.IntegrityFailure: 500,
+    e.MissingExtra: 500,
 }
+#: ``Retry-After`` (seconds) on a 503 whose error is retryable (the store is briefly
+#: away, a summarizer model failed): short, as a pool reconnects within a second or two.
+RETRY_AFTER_S = 2
 
 
 class Problem(Exception):
@@ -42,15 +41,19 @@ class Problem(Exception):
 
 
 def status_of(exc: e.ContextLedgerError) -> int:
+    """The HTTP status of one of our errors, by its group; one outside every group is a
+    fault of ours (500), never the client's."""
+    if isinstance(exc, e.CompactionError):
+        return 503 if exc.is_retryable else 422
     for cls in type(exc).__mro__:
         if cls in STATUS:
             return STATUS[cls]
-    if isinstance(exc, e.CompactionError):
-        return 503 if exc.is_retryable else 422
-    return 400
+    return 500
 
 
-def problem(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
+def problem(
+    status: int, code: str, detail: str, *, retry_after: int | None = None, **extra: Any
+) -> JSONResponse:
     body = {
         "type": f"https://contextledger.dev/problems/{code.lower().replace('_', '-')}",
         "title": code.replace("_", " ").capitalize(),
@@ -59,7 +62,11 @@ def problem(status: int, code: str, detail: str, **extra: Any) -> JSONResponse:
         "code": code,
     }
     body.update({k: v for k, v in extra.items() if k not in body and _jsonable(v)})
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    headers: dict[str, str] = {}
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
 
 
@@ -68,31 +75,27 @@ def _jsonable(value: Any) -> bool:
 
 
 #: Failures of the database (or of what it holds), not of the request: the client gets
-#: a 503 and a generic detail; what failed, with its host, user, SQL state or DSN, goes
-#: to the log only.
-DATABASE_FAILURES: tuple[type[e.ContextLedgerError], ...] = (
-    e.LedgerUnavailable,
-    e.LedgerRefused,
-    e.MigrationRequired,
-    e.LedgerClosed,
-    e.EventDecodeError,
-)
+#: the status of its group, the code and a generic detail; what failed, with its host,
+#: user, SQL state or DSN, goes to the log only (docs/security.md).
+DATABASE_FAILURES: tuple[type[e.ContextLedgerError], ...] = (e.StoreError, e.EventDecodeError)
+_GENERIC = {
+    True: "the database is briefly unavailable; retry shortly (the service log says why)",
+    False: "the database failed or refused the operation; the service log says why",
+}
 
 
 async def ledger_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, e.ContextLedgerError)
+    status = status_of(exc)
+    retry_after = RETRY_AFTER_S if status == 503 and exc.is_retryable else None
     if isinstance(exc, DATABASE_FAILURES):
         import structlog
 
         structlog.get_logger(__name__).error(
             "database_failure", path=request.url.path, code=exc.code, error=str(exc)
         )
-        return problem(
-            503,
-            exc.code,
-            "the database is unavailable or failed; retry shortly (the service log says why)",
-        )
-    return problem(status_of(exc), exc.code, str(exc.args[0]), **exc.details)
+        return problem(status, exc.code, _GENERIC[exc.is_retryable], retry_after=retry_after)
+    return problem(status, exc.code, str(exc.args[0]), retry_after=retry_after, **exc.details)
 
 
 async def own_problem(request: Request, exc: Exception) -> JSONResponse:

@@ -2,20 +2,28 @@
 
 Every public entry point of the PostgreSQL store (and the migrations, and
 ``Ledger.open``) passes what escapes it through ``translate``, so a caller sees
-``LedgerUnavailable`` (retryable: the server is away) or ``LedgerRefused`` (the
-server said no: retrying unchanged will not help), each with a stable ``code``
-and a sentence saying what to do — never an ``OSError`` or an asyncpg class.
+``LedgerUnavailable`` (retryable: the server is away), ``LedgerRefused`` (the
+server said no: retrying unchanged will not help) or ``LedgerCredentialsRejected``
+(the login itself was refused: a configuration mistake, never "unreachable"), each
+with a stable ``code`` and a sentence saying what to check — never an ``OSError``
+or an asyncpg class.
 """
 
 from __future__ import annotations
 
 import functools
+import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
 
-from contextledger.errors import ContextLedgerError, LedgerRefused, LedgerUnavailable
+from contextledger.errors import (
+    ContextLedgerError,
+    LedgerCredentialsRejected,
+    LedgerRefused,
+    LedgerUnavailable,
+)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -55,6 +63,12 @@ _SQLSTATES: dict[str, tuple[type[ContextLedgerError], str, str]] = {
         "CONNECTION_REFUSED",
         "the server rejected the connection. " + _RETRY,
     ),
+    "3D000": (
+        LedgerRefused,
+        "DATABASE_MISSING",
+        "the server has no database of the name the DSN gives. Check the database name in "
+        "the DSN, or create it (contextledger migrate then creates the tables).",
+    ),
     "25006": (
         LedgerRefused,
         "READ_ONLY",
@@ -81,6 +95,15 @@ _SQLSTATES: dict[str, tuple[type[ContextLedgerError], str, str]] = {
 }
 
 
+#: Invalid authorization (class 28): a wrong password (28P01), an unknown user or no
+#: ``pg_hba.conf`` entry for this host/user/database (28000).
+_CREDENTIALS = (
+    "the server rejected the login. Check the user and password in the DSN (or the "
+    "PGPASSWORD / .pgpass it relies on) and that pg_hba.conf admits this user from this "
+    "host; retrying unchanged will not help."
+)
+
+
 def _found(
     family: type[ContextLedgerError], code: str, advice: str, exc: BaseException
 ) -> ContextLedgerError:
@@ -104,6 +127,8 @@ def translate(exc: BaseException) -> ContextLedgerError | None:
         entry = _SQLSTATES.get(str(sqlstate))
         if entry is not None:
             return _found(*entry, exc)
+        if str(sqlstate).startswith("28"):
+            return _found(LedgerCredentialsRejected, "CREDENTIALS_REJECTED", _CREDENTIALS, exc)
         if isinstance(exc, asyncpg.PostgresConnectionError) or str(sqlstate).startswith("08"):
             return _found(
                 LedgerUnavailable, "CONNECTION_LOST", "the connection failed. " + _RETRY, exc
@@ -132,12 +157,29 @@ def translate(exc: BaseException) -> ContextLedgerError | None:
         return _found(
             LedgerUnavailable, "CONNECTION_LOST", "the connection broke mid-call. " + _RETRY, exc
         )
+    if isinstance(exc, socket.gaierror):
+        return _found(
+            LedgerUnavailable,
+            "HOST_NOT_FOUND",
+            "the host name in the DSN does not resolve. Check the host for a typo; if it is "
+            "right, the name service (DNS) is failing: retry later.",
+            exc,
+        )
     if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
         return _found(
             LedgerUnavailable,
             "CONNECTION_REFUSED",
-            "the database server is not accepting connections (not running, or restarting). "
-            + _RETRY,
+            "nothing accepts connections at that host and port: the server is not running "
+            "(or restarting), or the port (or socket directory) in the DSN is wrong. " + _RETRY,
+            exc,
+        )
+    if isinstance(exc, TimeoutError):
+        return _found(
+            LedgerUnavailable,
+            "TIMED_OUT",
+            "the server did not answer in time (when connecting: a firewall dropping "
+            "packets, or a wrong host or port; later: an overloaded server or a lost "
+            "network). " + _RETRY,
             exc,
         )
     if isinstance(exc, OSError):  # resets, broken pipes, connect timeouts

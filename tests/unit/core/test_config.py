@@ -172,3 +172,59 @@ def test_config_is_frozen_all_the_way_down() -> None:
         config.keep_recent = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
         config.model_overrides["m"]["context_window"] = 2
+
+
+# -- declared once: check and help in field metadata, the docs' table from it ------------
+
+
+def test_every_field_is_declared_with_its_check_and_help() -> None:
+    from dataclasses import fields
+
+    from contextledger.core.config import RecallConfig, SummarizerConfig, SummarizerModel
+
+    for cls in (ContextConfig, SummarizerConfig, RecallConfig, SummarizerModel):
+        for f in fields(cls):
+            assert callable(f.metadata.get("check")), (cls.__name__, f.name)
+            assert f.metadata.get("help"), (cls.__name__, f.name)
+
+
+def test_describe_fields_lists_every_key_with_type_default_and_help() -> None:
+    from contextledger.core.config import describe_fields
+
+    rows = describe_fields()
+    keys = [r["key"] for r in rows]
+    assert len(keys) == len(set(keys))
+    plain = ContextConfig().to_dict()
+    expected = {k for k in plain if k not in ("summarizer", "recall")}
+    expected |= {f"summarizer.{k}" for k in plain["summarizer"] if k != "models"}
+    expected |= {f"recall.{k}" for k in plain["recall"]}
+    expected |= {
+        f"summarizer.models[].{k}"
+        for k in ("model", "api_base", "api_key", "timeout", "num_retries")
+    }
+    assert set(keys) == expected
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["compact_threshold"]["default"] == 0.92
+    assert by_key["protected_tools"]["default"] == ["skill", "memory_search"]
+    assert by_key["compaction_strategy"]["type"] == "truncate | priority | importance | summarize"
+    assert by_key["summarizer.models[].timeout"]["default"] == 30.0
+    assert by_key["recall.share"]["help"]
+    assert all(isinstance(r["help"], str) and r["help"] for r in rows)
+    import json
+
+    json.dumps(rows)  # plain rows: the docs helper renders them as a table
+
+
+def test_to_dict_round_trips_and_redacts_secrets() -> None:
+    cfg = ContextConfig.from_mapping(
+        {
+            "summarizer": {"models": [{"model": "m", "api_key": "sk-1"}]},
+            "recall": {"engine": "hybrid", "embedding_model": "e", "embedding_api_key": "ek"},
+            "model_overrides": {"x": {"context_window": 1000}},
+        }
+    )
+    shown = cfg.to_dict()
+    assert shown["summarizer"]["models"][0]["api_key"] == "***"
+    assert shown["recall"]["embedding_api_key"] == "***"
+    assert "sk-1" not in repr(cfg) and "ek" not in repr(cfg.recall)
+    assert ContextConfig.from_mapping(cfg._raw()) == cfg

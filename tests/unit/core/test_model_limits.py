@@ -11,7 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from contextledger.core.budget import provider_limits
 from contextledger.core.config import ContextConfig
 from contextledger.core.model_limits import (
     DEFAULT_CONTEXT_WINDOW,
@@ -20,6 +23,7 @@ from contextledger.core.model_limits import (
     clear_cache,
     model_limits,
     name_candidates,
+    positive_int,
 )
 from contextledger.errors import ConfigError
 
@@ -177,3 +181,43 @@ def test_name_helpers() -> None:
         "claude-sonnet-4",
     )
     assert name_candidates("gpt-4-0613")[-1] == "gpt-4"
+
+
+# -- one reading of a token count from data we do not own ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (128_000, 128_000),
+        (4096.0, 4096),
+        (1, 1),
+        (0, None),
+        (0.5, None),  # was a window of 0 in one copy
+        (-3, None),
+        (float("nan"), None),  # was a ValueError in one copy, None in the other
+        (float("inf"), None),  # was an OverflowError
+        (True, None),
+        ("8192", None),
+        (None, None),
+    ],
+)
+def test_positive_int(value: object, expected: int | None) -> None:
+    assert positive_int(value) == expected
+
+
+@given(st.one_of(st.floats(), st.integers(), st.booleans(), st.none(), st.text()))
+def test_positive_int_is_none_or_at_least_one_and_never_raises(value: object) -> None:
+    result = positive_int(value)
+    assert result is None or (type(result) is int and result >= 1)
+
+
+def test_a_provider_reporting_nan_has_no_limit_instead_of_crashing() -> None:
+    class Info:
+        defaults = {"context_window": float("nan"), "max_output_tokens": 0.5}
+
+    class Provider:
+        def get_info(self) -> Info:
+            return Info()
+
+    assert provider_limits(Provider()) == (None, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import asyncpg
 import pytest
@@ -13,6 +14,7 @@ from contextledger.errors import (
     ConcurrencyError,
     ContextLedgerError,
     InvalidArgument,
+    LedgerCredentialsRejected,
     LedgerRefused,
     LedgerUnavailable,
     SessionNotFound,
@@ -23,7 +25,23 @@ CASES: list[tuple[BaseException, type[ContextLedgerError], str]] = [
     (FileNotFoundError(2, "No such file or directory"), LedgerUnavailable, "CONNECTION_REFUSED"),
     (ConnectionRefusedError(111, "Connection refused"), LedgerUnavailable, "CONNECTION_REFUSED"),
     (ConnectionResetError(104, "reset by peer"), LedgerUnavailable, "CONNECTION_LOST"),
-    (TimeoutError(), LedgerUnavailable, "CONNECTION_LOST"),
+    (TimeoutError(), LedgerUnavailable, "TIMED_OUT"),
+    (socket.gaierror(-2, "Name or service not known"), LedgerUnavailable, "HOST_NOT_FOUND"),
+    (
+        asyncpg.InvalidPasswordError('password authentication failed for user "x"'),
+        LedgerCredentialsRejected,
+        "CREDENTIALS_REJECTED",
+    ),
+    (
+        asyncpg.InvalidAuthorizationSpecificationError("no pg_hba.conf entry"),
+        LedgerCredentialsRejected,
+        "CREDENTIALS_REJECTED",
+    ),
+    (
+        asyncpg.InvalidCatalogNameError('database "x" does not exist'),
+        LedgerRefused,
+        "DATABASE_MISSING",
+    ),
     (
         asyncpg.CannotConnectNowError("the database system is shutting down"),
         LedgerUnavailable,
@@ -63,7 +81,7 @@ def test_translate_maps_each_failure(
     exc: BaseException, family: type[ContextLedgerError], code: str
 ) -> None:
     typed = translate(exc)
-    assert isinstance(typed, family)
+    assert type(typed) is family
     assert typed.code == code
     assert typed.is_retryable is (family is LedgerUnavailable)
     assert type(getattr(exc, "orig", exc)).__name__ in str(typed)
