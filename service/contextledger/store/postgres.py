@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import asyncpg
 import structlog
 
-from contextledger.core.chain import GENESIS_HASH, make_event
+from contextledger.core.chain import GENESIS_HASH, Seal, make_event
 from contextledger.core.encoding import dumps
 from contextledger.core.events import Event, MessageAppended, Payload, SessionCreated, decode
 from contextledger.core.projection import (
@@ -43,13 +43,17 @@ from contextledger.errors import (
     ConfigError,
     IdempotencyConflict,
     InvalidArgument,
+    KeyUnavailable,
     MigrationRequired,
+    SessionErased,
     SessionExists,
+    SessionNotEncrypted,
     SessionNotFound,
 )
 from contextledger.store.base import (
     AppendResult,
     Checkpoint,
+    Erasure,
     RebuildReport,
     SessionInfo,
     Store,
@@ -73,6 +77,7 @@ from contextledger.store.lexical import (
     read_from,
 )
 from contextledger.store.scoped import TENANT_SETTING, TenantConnection, scoped
+from contextledger.store.sealing import KEK_ENV, KEK_FILE_ENV, KeyRing, Sealer, is_sealed_message
 
 log = structlog.get_logger(__name__)
 S = "contextledger"
@@ -82,7 +87,7 @@ APPEND_MESSAGE = f"""
 WITH s AS (
     UPDATE {S}.sessions
        SET head = $2, last_hash = $8, view_tokens = view_tokens + $5, view_count = view_count + 1
-     WHERE session_id = $1 AND head = $2::bigint - 1 AND last_hash = $9
+     WHERE session_id = $1 AND head = $2::bigint - 1 AND last_hash = $9 AND erased_at IS NULL
  RETURNING view_tokens
 ), e AS (
     INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
@@ -107,6 +112,7 @@ WITH i AS (
            view_count = x.view_count + 1
       FROM i JOIN l ON l.session_id = i.session_id
      WHERE x.session_id = i.session_id AND x.head = i.seq - 1 AND x.last_hash = i.prev
+       AND x.erased_at IS NULL
  RETURNING x.session_id, x.head, x.view_tokens
 ), e AS (
     INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
@@ -125,7 +131,7 @@ WITH s AS (
     UPDATE {S}.sessions
        SET head = $2::bigint + cardinality($3::bigint[]), last_hash = $9,
            view_tokens = view_tokens + $10, view_count = view_count + cardinality($3::bigint[])
-     WHERE session_id = $1 AND head = $2 AND last_hash = $12
+     WHERE session_id = $1 AND head = $2 AND last_hash = $12 AND erased_at IS NULL
  RETURNING view_tokens
 ), e AS (
     INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
@@ -139,7 +145,8 @@ SELECT view_tokens FROM s
 
 SESSION_COLUMNS = (
     "session_id, created_at, model, config::text, metadata::text, head, "
-    "last_hash, view_tokens, view_count"
+    "last_hash, view_tokens, view_count, erased_at, "
+    f"EXISTS (SELECT 1 FROM {S}.session_keys k WHERE k.session_id = sessions.session_id)"
 )
 VIEW_COLUMNS = "ord, seq, part, kind, message::text, tokens, critical"
 #: A message event in the implicit tail, in the same columns as a view_items row.
@@ -167,12 +174,12 @@ SELECT {_TAIL_ROW} FROM {S}.events e
 ORDER BY 1"""
 READ_BRANCH = f"""
 SELECT ord, (CASE WHEN e.type = 'messages.replaced' THEN e.data -> 'messages' -> b.part
-                  ELSE e.data -> 'message' END)::text
+                  ELSE e.data -> 'message' END)::text, e.seq, b.part, e.type
   FROM {S}.branch_items b
   JOIN {S}.events e ON e.session_id = b.session_id AND e.seq = b.seq
  WHERE b.session_id = $1
 UNION ALL
-SELECT e.seq * {ORD_STRIDE}, (e.data -> 'message')::text FROM {S}.events e
+SELECT e.seq * {ORD_STRIDE}, (e.data -> 'message')::text, e.seq, 0, e.type FROM {S}.events e
  WHERE e.session_id = $1 AND e.seq > {_BRANCH_BASE} AND e.type = 'message.appended'
 ORDER BY 1"""
 READ_BRANCH_REFS = f"""
@@ -588,30 +595,45 @@ def _info(row: asyncpg.Record) -> SessionInfo:
         row[6],
         row[7],
         row[8],
+        row[9],
+        row[10],
     )
 
 
-def _item(row: asyncpg.Record) -> ViewItem:
+def _item(row: asyncpg.Record, sealer: Sealer | None = None) -> ViewItem:
+    message = json.loads(row[4])
+    if sealer is not None and is_sealed_message(message):
+        message = sealer.open_message(row[1], message)  # a tail row: a message event's
     return ViewItem(
         ref=(row[1], row[2]),
         ord=row[0],
-        message=json.loads(row[4]),
+        message=message,
         tokens=row[5],
         critical=row[6],
         kind=row[3],
     )
 
 
+def _opened(seq: int, message: Any, sealer: Sealer | None) -> Any:
+    """A message read by SQL from a ``message.appended`` event, opened if sealed."""
+    if sealer is not None and is_sealed_message(message):
+        return sealer.open_message(seq, message)
+    return message
+
+
 def _is_result(item: ViewItem) -> bool:
     return item.role == "tool" or bool(result_ids(item.message))
 
 
-def _event(session_id: str, row: asyncpg.Record) -> Event:
+def _event(session_id: str, row: asyncpg.Record, sealer: Sealer | None = None) -> Event:
+    """An event as stored; with the session's sealer its payload is the opened data
+    (without one, a sealed event's payload holds only the sealed form)."""
     data = json.loads(row[4])
+    readable = sealer.open(row[0], row[2], data) if sealer is not None else data
     return Event(
         session_id,
         row[0],
-        decode(row[2], row[3], data),
+        decode(row[2], row[3], readable),
         row[6],
         row[8],
         row[5],
@@ -619,6 +641,33 @@ def _event(session_id: str, row: asyncpg.Record) -> Event:
         row[1],
         data,
         row[3],
+    )
+
+
+def _stored(event: Event) -> str:
+    """An event's data as stored (sealed, for a sealed session) in wire JSON."""
+    return dumps(event.data if event.data is not None else event.payload.to_data())
+
+
+#: The SQLSTATEs ``erase_session`` raises (migration 0013).
+ERASED_STATE = "CL001"
+NOT_SEALED_STATE = "CL002"
+
+
+def _erased(session_id: str) -> SessionErased:
+    return SessionErased(
+        f"session {session_id!r} was erased: its content is gone for good "
+        "(`contextledger erasures` says who erased it, when and why)",
+        session_id=session_id,
+    )
+
+
+def _not_sealed(session_id: str) -> SessionNotEncrypted:
+    return SessionNotEncrypted(
+        f"session {session_id!r} was written without a data key: it cannot be erased by "
+        "destroying one. Remove it with the audited purge "
+        f"(`contextledger purge {session_id} --reason ...`).",
+        session_id=session_id,
     )
 
 
@@ -642,8 +691,15 @@ class PostgresStore(Store):
         *,
         hot_connections: int = 4,
         search_pool: asyncpg.Pool | None = None,
+        keyring: KeyRing | None = None,
+        tenant: str = "local",
     ) -> None:
         self._pool = pool
+        #: KEKs that wrap new sessions' data keys; the tenant binds them (sealing.py).
+        self._keyring = keyring
+        self._tenant = tenant
+        #: Each session's sealer (None: written in clear), as appends last used it.
+        self._sealers: dict[str, Sealer | None] = {}
         self._search_pool = search_pool  # live searches (``_SEARCH_CONNECTION``), if any
         self._search_refused_at: float | None = None  # when the server last refused it one
         self._dsn = dsn
@@ -679,6 +735,7 @@ class PostgresStore(Store):
         tenant: str | None = None,
         role: str | None = None,
         pgbouncer: bool = False,
+        keyring: KeyRing | None = None,
     ) -> PostgresStore:
         """``tenant`` scopes every transaction to that tenant's rows: ``set_config(
         'contextledger.tenant', tenant, true)`` at its start (``store/scoped.py``; the
@@ -751,7 +808,14 @@ class PostgresStore(Store):
             typed.args = (f"cannot connect to {redact(dsn)}: {typed.args[0]}",)
             raise typed from exc
         assert pool is not None and search_pool is not None
-        return cls(pool, dsn, hot_connections=max_size // 2, search_pool=search_pool)
+        return cls(
+            pool,
+            dsn,
+            hot_connections=max_size // 2,
+            search_pool=search_pool,
+            keyring=keyring,
+            tenant=tenant or "local",
+        )
 
     @translated
     async def schema_revision(self) -> str | None:
@@ -846,8 +910,21 @@ class PostgresStore(Store):
         self, session_id: str, payload: SessionCreated, *, created_at: datetime
     ) -> SessionInfo:
         event = make_event(session_id, 1, payload, GENESIS_HASH, created_at=created_at)
+        sealer: Sealer | None = None
         try:
             async with self._pool.acquire() as conn, conn.transaction():
+                if self._keyring is not None:
+                    sealer, kid, wrapped = self._keyring.new_key(
+                        tenant=self._tenant, session_id=session_id
+                    )
+                    # a taken id fails on the key's primary key as on the session's
+                    await conn.execute(
+                        f"INSERT INTO {S}.session_keys (session_id, kek_id, wrapped_dek)"
+                        " VALUES ($1, $2, $3)",
+                        session_id,
+                        kid,
+                        wrapped,
+                    )
                 await conn.execute(
                     f"INSERT INTO {S}.sessions (session_id, created_at, model, config, metadata,"
                     " head, last_hash) VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, 1, $6)",
@@ -873,6 +950,7 @@ class PostgresStore(Store):
                 f"session {session_id!r} already exists", session_id=session_id
             ) from None
         self._heads[session_id] = (1, event.hash)
+        self._sealers[session_id] = sealer
         return SessionInfo(
             session_id,
             created_at,
@@ -883,6 +961,7 @@ class PostgresStore(Store):
             event.hash,
             0,
             0,
+            sealed=sealer is not None,
         )
 
     @translated
@@ -893,6 +972,9 @@ class PostgresStore(Store):
         if row is None:
             raise SessionNotFound.for_session(session_id)
         info = _info(row)
+        if info.erased_at is not None:
+            self._forget(session_id)
+            raise _erased(session_id)
         if self._heads.get(session_id) != (info.head, info.last_hash):
             self._closed.pop(session_id, None)  # another writer moved the chain
         self._heads[session_id] = (info.head, info.last_hash)
@@ -985,6 +1067,7 @@ class PostgresStore(Store):
         known: tuple[int, str] | None,
     ) -> AppendResult:
         head, last_hash = await self._head(session_id)
+        seal = await self._seal(session_id)
         checked: tuple[int, str] | None = None  # the chain state last found admissible
         for _ in range(_RETRIES):
             if (head, last_hash) != checked and (
@@ -1009,11 +1092,15 @@ class PostgresStore(Store):
                 )
                 checked = (head, last_hash)
             event = make_event(
-                session_id, head + 1, payload, last_hash, created_at=created_at, idempotency_key=key
+                session_id,
+                head + 1,
+                payload,
+                last_hash,
+                created_at=created_at,
+                idempotency_key=key,
+                seal=seal,
             )
-            data_json = (
-                event.encoded.decode() if event.encoded is not None else dumps(payload.to_data())
-            )
+            data_json = event.encoded.decode() if event.encoded is not None else _stored(event)
             try:
                 view_tokens = await self._batcher.submit(
                     (
@@ -1056,6 +1143,7 @@ class PostgresStore(Store):
         """Many messages, one statement: the conditional head UPDATE (head and last hash,
         so the chain is pinned) gates every INSERT."""
         head, last_hash = await self._head(session_id)
+        seal = await self._seal(session_id)
         for _ in range(_RETRIES):
             if known is not None and known != (head, last_hash):
                 head, last_hash = await self._head(session_id, fresh=True)
@@ -1086,6 +1174,7 @@ class PostgresStore(Store):
                     prev,
                     created_at=created_at,
                     idempotency_key=key if n == len(payloads) - 1 else None,
+                    seal=seal,
                 )
                 events.append(event)
                 prev = event.hash
@@ -1096,10 +1185,7 @@ class PostgresStore(Store):
                     head,
                     [e.seq for e in events],
                     [e.version for e in events],
-                    [
-                        e.encoded.decode() if e.encoded is not None else dumps(e.payload.to_data())
-                        for e in events
-                    ],
+                    [e.encoded.decode() if e.encoded is not None else _stored(e) for e in events],
                     [e.tokens for e in events],
                     created_at,
                     [e.hash for e in events],
@@ -1127,7 +1213,11 @@ class PostgresStore(Store):
             key,
         )
         assert row is not None
-        if json.loads(row[1]) != data:
+        sealer = self._sealers.get(session_id)
+        stored = json.loads(row[1])
+        if sealer is not None:
+            stored = sealer.open(row[0], "message.appended", stored)
+        if stored != data:
             raise IdempotencyConflict(
                 f"idempotency key {key!r} was used for a different event (seq {row[0]})", seq=row[0]
             )
@@ -1147,22 +1237,29 @@ class PostgresStore(Store):
     ) -> AppendResult:
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
-                f"SELECT head, last_hash, model, config::text, view_gen, view_base, branch_base"
-                f" FROM {S}.sessions WHERE session_id = $1 FOR UPDATE",
+                f"SELECT head, last_hash, model, config::text, view_gen, view_base, branch_base,"
+                f" erased_at FROM {S}.sessions WHERE session_id = $1 FOR UPDATE",
                 session_id,
             )
             if row is None:
                 raise SessionNotFound.for_session(session_id)
+            if row[7] is not None:
+                self._forget(session_id)
+                raise _erased(session_id)
+            sealer = await self._sealer(session_id, conn=conn, fresh=True)
             head, last_hash = row[0], row[1]
             if key is not None:
                 dup = await conn.fetchrow(
-                    f"SELECT seq, data::text FROM {S}.events WHERE session_id = $1"
+                    f"SELECT seq, data::text, type FROM {S}.events WHERE session_id = $1"
                     " AND idempotency_key = $2",
                     session_id,
                     key,
                 )
                 if dup is not None:
-                    if json.loads(dup[1]) != payloads[-1].to_data():
+                    was = json.loads(dup[1])
+                    if sealer is not None:
+                        was = sealer.open(dup[0], dup[2], was)
+                    if was != payloads[-1].to_data():
                         raise IdempotencyConflict(
                             f"idempotency key {key!r} was used for a different event "
                             f"(seq {dup[0]})",
@@ -1170,7 +1267,7 @@ class PostgresStore(Store):
                         )
                     return AppendResult((dup[0],), True)
             await self._check_target(conn, session_id, head, last_hash, known, expected_seq)
-            view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
+            view = tuple(_item(r, sealer) for r in await conn.fetch(READ_VIEW, session_id))
             state = ViewState(head=head, view=view, model=row[2], config=json.loads(row[3]))
             history: list[Event] | None = None
 
@@ -1180,7 +1277,7 @@ class PostgresStore(Store):
 
             if any(p.TYPE == "session.rolled_back" for p in payloads):
                 history = [
-                    _event(session_id, r)
+                    _event(session_id, r, sealer)
                     for r in await conn.fetch(
                         f"SELECT {EVENT_COLUMNS} FROM {S}.events"
                         " WHERE session_id = $1 ORDER BY seq",
@@ -1195,6 +1292,7 @@ class PostgresStore(Store):
                 created_at=created_at,
                 idempotency_key=key,
                 state_at=state_at if history else None,
+                seal=sealer.seal if sealer is not None else None,
             )
             await conn.executemany(
                 f"INSERT INTO {S}.events (session_id, seq, type, version, data, tokens,"
@@ -1205,7 +1303,7 @@ class PostgresStore(Store):
                         e.seq,
                         e.type,
                         e.version,
-                        dumps(e.payload.to_data()),
+                        _stored(e),
                         e.tokens,
                         e.created_at,
                         e.idempotency_key,
@@ -1310,15 +1408,17 @@ class PostgresStore(Store):
 
     @translated
     async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
+        sealer = await self._sealer(session_id, fresh=True)
         rows = await self._pool.fetch(READ_VIEW, session_id)
         if not rows:
             await self.session_info(session_id)  # raises SessionNotFound
-        return tuple(_item(r) for r in rows)
+        return tuple(_item(r, sealer) for r in rows)
 
     @translated
     async def read_view_tail(self, session_id: str, max_tokens: int) -> ViewTail:
         """The tail of the view from the end, a page at a time (primary-key range scans):
         O(max_tokens) rows, whatever the history; then the pinned items before it."""
+        sealer = await self._sealer(session_id, fresh=True)
         async with (
             self._pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
@@ -1346,7 +1446,7 @@ class PostgresStore(Store):
                         cursor,
                     )
                     for r in rows:
-                        yield _item(r)
+                        yield _item(r, sealer)
                     if len(rows) < 128:
                         break
                     cursor = rows[-1][1]
@@ -1396,9 +1496,9 @@ class PostgresStore(Store):
                 LAST_USERS,
             )
         human = next(
-            (i for i in map(_item, user_rows) if is_human_turn(i.message)), None
+            (i for i in (_item(r, sealer) for r in user_rows) if is_human_turn(i.message)), None
         )  # newest first
-        found = {i.ref: i for i in map(_item, pinned_rows)}
+        found = {i.ref: i for i in (_item(r, sealer) for r in pinned_rows)}
         if human is not None:
             found.setdefault(human.ref, human)
         pinned = tuple(sorted(found.values(), key=lambda i: i.ord))
@@ -1406,10 +1506,19 @@ class PostgresStore(Store):
 
     @translated
     async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
+        sealer = await self._sealer(session_id, fresh=True)
         rows = await self._pool.fetch(READ_BRANCH, session_id)
         if not rows:
             await self.session_info(session_id)
-        return [json.loads(r[1]) for r in rows]
+        messages = [json.loads(r[1]) for r in rows]
+        if sealer is None:
+            return messages
+        return [
+            sealer.open_message(r[2], m, part=r[3] if r[4] == "messages.replaced" else None)
+            if is_sealed_message(m)
+            else m
+            for r, m in zip(rows, messages, strict=True)
+        ]
 
     @translated_iter
     async def read_events(
@@ -1419,7 +1528,9 @@ class PostgresStore(Store):
         to_seq: int | None = None,
         *,
         page: int = 2000,
+        opened: bool = True,
     ) -> AsyncIterator[Event]:
+        sealer = await self._sealer(session_id, fresh=True) if opened else None
         upper = to_seq if to_seq is not None else 2**62
         cursor = from_seq
         while True:
@@ -1432,7 +1543,7 @@ class PostgresStore(Store):
                 page,
             )
             for row in rows:
-                yield _event(session_id, row)
+                yield _event(session_id, row, sealer)
             if len(rows) < page:
                 return
             cursor = rows[-1][0] + 1
@@ -1502,7 +1613,10 @@ class PostgresStore(Store):
         hop: bool = False,
     ) -> list[asyncpg.Record]:
         """The search's rows, best first: (seq, rank, message JSON, tokens, created_at);
-        a second hop's after them with negated ranks, then neighbours with rank 0."""
+        a second hop's after them with negated ranks, then neighbours with rank 0.
+        A sealed session is not searched: its postings would be lexemes of ciphertext."""
+        if await self._sealer(session_id) is not None:
+            return []
         gaps = gate_gaps(upto_seq, exclude)
         closed = self._closed.get(session_id) if branch is None else None
         start = self._heads.get(session_id)
@@ -1614,6 +1728,8 @@ class PostgresStore(Store):
     async def unembedded(
         self, session_id: str, model: str, *, upto_seq: int, first: Collection[int], limit: int
     ) -> list[Recalled]:
+        if await self._sealer(session_id) is not None:
+            return []  # a sealed session's messages are not embedded (docs: erase-and-retention)
         sql = UNEMBEDDED.format(branch=_ON_BRANCH)
         rows = await self._pool.fetch(sql, session_id, model, upto_seq, sorted(first), limit)
         return [Recalled(r[0], json.loads(r[1])) for r in rows]
@@ -1671,6 +1787,7 @@ class PostgresStore(Store):
     ) -> list[Recalled]:
         if not seqs:
             return []
+        sealer = await self._sealer(session_id, fresh=True)
         if branch is None:
             sql = RECALL_MESSAGES.format(branch=_ON_BRANCH)
             rows = await self._pool.fetch(sql, session_id, sorted(seqs), upto_seq)
@@ -1679,7 +1796,7 @@ class PostgresStore(Store):
             rows = await self._pool.fetch(
                 sql, session_id, sorted(seqs), upto_seq, seq_ranges(branch)
             )
-        return [Recalled(r[0], json.loads(r[1]), r[2], r[3]) for r in rows]
+        return [Recalled(r[0], _opened(r[0], json.loads(r[1]), sealer), r[2], r[3]) for r in rows]
 
     @translated
     async def checkpoints(self, session_id: str) -> list[Checkpoint]:
@@ -1700,15 +1817,16 @@ class PostgresStore(Store):
             )
             if row is None:
                 raise SessionNotFound.for_session(session_id)
+            sealer = await self._sealer(session_id, conn=conn, fresh=True)
             events = [
-                _event(session_id, r)
+                _event(session_id, r, sealer)
                 for r in await conn.fetch(
                     f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1 ORDER BY seq",
                     session_id,
                 )
             ]
             expected = fold(events)
-            view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
+            view = tuple(_item(r, sealer) for r in await conn.fetch(READ_VIEW, session_id))
             branch = [(r[0], r[1], r[2]) for r in await conn.fetch(READ_BRANCH_REFS, session_id)]
             diffs = compare_rows(expected.view, view, "view")
             if branch != [(i.ord, i.ref[0], i.ref[1]) for i in expected.branch]:
@@ -1764,9 +1882,142 @@ class PostgresStore(Store):
                         "a purge needs a non-blank reason", field="reason"
                     ) from None
                 raise
+        self._forget(session_id)
+        return n
+
+    # -- sealing and erasure (store/sealing.py, migration 0013) -----------------------
+
+    def _forget(self, session_id: str) -> None:
+        """Drop what this store keeps of a session (head, gate, data key)."""
         self._heads.pop(session_id, None)
         self._closed.pop(session_id, None)
-        return n
+        self._sealers.pop(session_id, None)
+
+    async def _seal(self, session_id: str) -> Seal | None:
+        sealer = await self._sealer(session_id)
+        return sealer.seal if sealer is not None else None
+
+    async def _sealer(
+        self,
+        session_id: str,
+        *,
+        conn: asyncpg.Connection | None = None,
+        fresh: bool = False,
+    ) -> Sealer | None:
+        """The session's data key, unwrapped (None: written in clear). Appends use the
+        one kept here (the statement itself refuses an erased session); reads of a sealed
+        session ask again (``fresh``), so a key another process destroyed opens nothing."""
+        if session_id in self._sealers and not (fresh and self._sealers[session_id] is not None):
+            return self._sealers[session_id]
+        row = await (conn or self._pool).fetchrow(
+            f"SELECT kek_id, wrapped_dek FROM {S}.session_keys WHERE session_id = $1",
+            session_id,
+        )
+        if row is None:
+            sealer = None
+        elif row[1] is None:
+            self._forget(session_id)
+            raise _erased(session_id)
+        elif self._keyring is None:
+            raise KeyUnavailable(
+                f"session {session_id!r} is sealed and no key-encryption key is configured "
+                f"(${KEK_ENV} or ${KEK_FILE_ENV})",
+                session_id=session_id,
+            )
+        else:
+            dek = self._keyring.unwrap(row[0], row[1], tenant=self._tenant, session_id=session_id)
+            sealer = Sealer(dek, self._tenant, session_id)
+        self._sealers[session_id] = sealer
+        return sealer
+
+    @translated
+    async def chain_info(self, session_id: str) -> SessionInfo:
+        row = await self._pool.fetchrow(
+            f"SELECT {SESSION_COLUMNS} FROM {S}.sessions WHERE session_id = $1", session_id
+        )
+        if row is None:
+            raise SessionNotFound.for_session(session_id)
+        return _info(row)
+
+    def stored_events(
+        self, session_id: str, from_seq: int = 1, to_seq: int | None = None
+    ) -> AsyncIterator[Event]:
+        return self.read_events(session_id, from_seq, to_seq, opened=False)
+
+    @translated
+    async def erase(self, session_id: str, reason: str, *, actor: str | None = None) -> Erasure:
+        """One transaction (``erase_session``): the data key destroyed, the derived rows
+        deleted, the audit row written. Then this store forgets the session."""
+        async with self._lock(session_id):
+            try:
+                row = await self._pool.fetchrow(
+                    f"SELECT session_id, erased_at, erased_by, actor, reason, events,"
+                    f" last_hash, removed::text FROM {S}.erase_session($1, $2, $3)",
+                    session_id,
+                    reason,
+                    actor,
+                )
+            except asyncpg.PostgresError as exc:
+                state = getattr(exc, "sqlstate", None)
+                if state == "P0002":
+                    raise SessionNotFound.for_session(session_id) from None
+                if state == ERASED_STATE:
+                    raise _erased(session_id) from None
+                if state == NOT_SEALED_STATE:
+                    raise _not_sealed(session_id) from None
+                if state == "22023":
+                    raise InvalidArgument(
+                        "an erasure needs a non-blank reason", field="reason"
+                    ) from None
+                raise
+            finally:
+                self._forget(session_id)
+        assert row is not None
+        return Erasure(row[0], row[1], row[2], row[3], row[4], row[5], row[6], json.loads(row[7]))
+
+    @translated
+    async def erasures(self) -> list[Erasure]:
+        rows = await self._pool.fetch(
+            f"SELECT session_id, erased_at, erased_by, actor, reason, events, last_hash,"
+            f" removed::text FROM {S}.erasures ORDER BY erased_at, session_id"
+        )
+        return [Erasure(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7])) for r in rows]
+
+    @translated
+    async def rotate_keys(self) -> int:
+        """Re-wrap every live data key not under the primary KEK (one statement per
+        session); returns how many. The old KEK must still be listed to unwrap them."""
+        if self._keyring is None:
+            raise KeyUnavailable(f"no key-encryption key configured (${KEK_ENV})")
+        primary = self._keyring.primary_id
+        ids = await self._pool.fetch(
+            f"SELECT session_id FROM {S}.session_keys"
+            " WHERE kek_id <> $1 AND wrapped_dek IS NOT NULL ORDER BY session_id",
+            primary,
+        )
+        done = 0
+        for (session_id,) in ids:
+            async with self._pool.acquire() as conn, conn.transaction():
+                row = await conn.fetchrow(
+                    f"SELECT kek_id, wrapped_dek FROM {S}.session_keys WHERE session_id = $1"
+                    " FOR UPDATE",
+                    session_id,
+                )
+                if row is None or row[1] is None or row[0] == primary:
+                    continue  # erased, purged or rotated meanwhile
+                dek = self._keyring.unwrap(
+                    row[0], row[1], tenant=self._tenant, session_id=session_id
+                )
+                kid, wrapped = self._keyring.wrap(dek, tenant=self._tenant, session_id=session_id)
+                await conn.execute(
+                    f"UPDATE {S}.session_keys SET kek_id = $2, wrapped_dek = $3,"
+                    " rotated_at = now() WHERE session_id = $1",
+                    session_id,
+                    kid,
+                    wrapped,
+                )
+                done += 1
+        return done
 
     @translated
     async def purges(self) -> list[dict[str, Any]]:
