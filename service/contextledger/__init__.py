@@ -25,13 +25,16 @@ from contextledger.errors import (
     InvalidArgument,
     InvalidImport,
     InvalidMessage,
+    KeyUnavailable,
     LedgerClosed,
     LedgerRefused,
     LedgerUnavailable,
     MigrationRequired,
     MissingExtra,
     SeqOutOfRange,
+    SessionErased,
     SessionExists,
+    SessionNotEncrypted,
     SessionNotFound,
 )
 from contextledger.hooks import (
@@ -52,7 +55,8 @@ from contextledger.protocols import ContextManager
 from contextledger.provider_shapes import ProviderRequest
 from contextledger.retry import RetryPolicy
 from contextledger.session import Session
-from contextledger.store.base import Checkpoint, RebuildReport, SessionInfo
+from contextledger.store.base import Checkpoint, Erasure, RebuildReport, SessionInfo
+from contextledger.store.sealing import KeyRing
 from contextledger.summarizer import FallbackCallback
 
 _library_defaults()
@@ -80,6 +84,7 @@ __all__ = [
     "ContextConfig",
     "ContextLedgerError",
     "ContextManager",
+    "Erasure",
     "Event",
     "EventDecodeError",
     "FallbackCallback",
@@ -88,6 +93,8 @@ __all__ = [
     "InvalidArgument",
     "InvalidImport",
     "InvalidMessage",
+    "KeyRing",
+    "KeyUnavailable",
     "Ledger",
     "LedgerClosed",
     "LedgerRefused",
@@ -103,8 +110,10 @@ __all__ = [
     "RetryPolicy",
     "SeqOutOfRange",
     "Session",
+    "SessionErased",
     "SessionExists",
     "SessionInfo",
+    "SessionNotEncrypted",
     "SessionNotFound",
     "SummarizerConfig",
     "SummarizerModel",

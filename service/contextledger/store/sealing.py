@@ -25,9 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from contextledger.core.encoding import canonical_json, dumps
 from contextledger.errors import ConfigError, KeyUnavailable
 
@@ -49,6 +46,19 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     "summary.recorded": ("message",),
     "compaction.applied": ("prune",),
 }
+
+
+def _aead(key: bytes) -> Any:
+    """``cryptography``'s AES-GCM (imported on first use: ~30 ms, not at package import)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return AESGCM(key)
+
+
+def _invalid_tag() -> type[Exception]:
+    from cryptography.exceptions import InvalidTag
+
+    return InvalidTag
 
 
 def parse_kek(text: str, *, where: str) -> bytes:
@@ -99,25 +109,26 @@ class KeyRing:
     def wrap(self, dek: bytes, *, tenant: str, session_id: str) -> tuple[str, bytes]:
         """``(kek id, nonce ‖ ciphertext)`` of ``dek`` under the primary KEK."""
         nonce = os.urandom(NONCE)
-        sealed = AESGCM(self.primary).encrypt(nonce, dek, _dek_aad(tenant, session_id))
+        sealed = _aead(self.primary).encrypt(nonce, dek, _dek_aad(tenant, session_id))
         return self.primary_id, nonce + sealed
 
     def unwrap(self, kid: str, wrapped: bytes, *, tenant: str, session_id: str) -> bytes:
         kek = self._by_id(kid)
         try:
-            return AESGCM(kek).decrypt(
+            dek: bytes = _aead(kek).decrypt(
                 wrapped[:NONCE], wrapped[NONCE:], _dek_aad(tenant, session_id)
             )
-        except InvalidTag:
+        except _invalid_tag():
             raise KeyUnavailable(
                 f"the data key of session {session_id!r} does not unwrap under KEK {kid} "
                 "(altered, or wrapped for another tenant or session)",
                 session_id=session_id,
             ) from None
+        return dek
 
     def new_key(self, *, tenant: str, session_id: str) -> tuple[Sealer, str, bytes]:
         """A fresh DEK: its sealer, and the (kek id, wrapped DEK) to store."""
-        dek = AESGCM.generate_key(bit_length=256)
+        dek = os.urandom(32)  # what AESGCM.generate_key(bit_length=256) does
         kid, wrapped = self.wrap(dek, tenant=tenant, session_id=session_id)
         return Sealer(dek, tenant, session_id), kid, wrapped
 
@@ -195,7 +206,7 @@ class Sealer:
     __slots__ = ("_aead", "session_id", "tenant")
 
     def __init__(self, dek: bytes, tenant: str, session_id: str) -> None:
-        self._aead = AESGCM(dek)
+        self._aead = _aead(dek)
         self.tenant = tenant
         self.session_id = session_id
 
@@ -215,7 +226,7 @@ class Sealer:
         raw = base64.b64decode(token[len(SEAL_PREFIX) :])
         try:
             return json.loads(self._aead.decrypt(raw[:NONCE], raw[NONCE:], aad))
-        except InvalidTag:
+        except _invalid_tag():
             raise KeyUnavailable(
                 f"session {self.session_id!r}: a sealed value does not open (altered, or "
                 "moved from another event)",
