@@ -21,8 +21,8 @@ from contextledger.store.sealing import (
     KEK_OLD_ENV,
     KeyRing,
     Sealer,
-    keyring_from,
     kek_id,
+    keyring_from,
 )
 
 KEK = bytes(range(32))
