@@ -508,6 +508,91 @@ async def purge(ctx: click.Context, session_id: str, reason: str) -> None:
         console.print(f"purged {session_id}: {n} events (audited)")
 
 
+@main.command(context_settings=CONTEXT)
+@target_options
+@click.argument("session_id")
+@click.option("--reason", required=True, help="Recorded in the erasure's audit record.")
+@click.option("--actor", default=None, help="On whose behalf (a ticket, a person): recorded.")
+@click.confirmation_option(
+    prompt="Erasing destroys the session's data key: its content is unreadable for good. Continue?"
+)
+@click.pass_context
+@_run
+async def erase(ctx: click.Context, session_id: str, reason: str, actor: str | None) -> None:
+    """Erase a sealed session by destroying its data key (and its forks with it).
+
+    Its derived copies (view rows, search postings, embeddings) go too; its chain still
+    verifies; `contextledger erasures` lists who erased what, when and why. A session
+    written without a key-encryption key cannot be erased: `purge` it.
+    """
+    async with _open(ctx) as ledger:
+        for r in await ledger.erase(session_id, reason=reason, actor=actor):
+            removed = ", ".join(f"{n} {kind}" for kind, n in r.removed.items())
+            console.print(f"erased {escape(r.session_id)}: {r.events} events sealed for good")
+            console.print(f"  derived rows removed: {removed} (audited)")
+
+
+@main.command(context_settings=CONTEXT)
+@target_options
+@_json_option
+@_full_option
+@click.pass_context
+@_run
+async def erasures(ctx: click.Context, as_json: bool, full: bool) -> None:
+    """List erased sessions: who erased which, on whose behalf, when and why."""
+    async with _open(ctx) as ledger:
+        records = await ledger.erasures()
+    if as_json:
+        _echo_json([r.to_dict() for r in records])
+        return
+    table = Table(title="erased sessions", title_justify="left")
+    for col in ("session", "erased at", "by", "actor", "events", "reason", "last hash"):
+        table.add_column(col, overflow="fold" if full else "ellipsis")
+    for r in records:
+        table.add_row(
+            escape(r.session_id),
+            r.erased_at.isoformat(timespec="seconds"),
+            escape(r.erased_by),
+            escape(r.actor or "-"),
+            str(r.events),
+            escape(r.reason),
+            r.last_hash if full else r.last_hash[:12],
+        )
+    console.print(table)
+
+
+@main.group()
+def kek() -> None:
+    """The key-encryption key that wraps sessions' data keys ($CONTEXTLEDGER_KEK)."""
+
+
+@kek.command("generate", context_settings=CONTEXT)
+def kek_generate() -> None:
+    """Print a new random KEK (32 bytes, standard base64) for your secret store."""
+    import base64
+    import os
+
+    click.echo(base64.b64encode(os.urandom(32)).decode())
+
+
+@kek.command("rotate", context_settings=CONTEXT)
+@target_options
+@click.pass_context
+@_run
+async def kek_rotate(ctx: click.Context) -> None:
+    """Re-wrap every data key under the current KEK.
+
+    Set $CONTEXTLEDGER_KEK to the new KEK and $CONTEXTLEDGER_KEK_OLD to the old one(s);
+    once this reports 0 left, drop the old KEK from $CONTEXTLEDGER_KEK_OLD.
+    """
+    async with _open(ctx) as ledger:
+        rotate: Callable[[], Awaitable[int]] | None = getattr(ledger.store, "rotate_keys", None)
+        if rotate is None:
+            raise click.UsageError("key rotation needs a PostgreSQL store")
+        n = await rotate()
+        console.print(f"re-wrapped {n} data keys under the current KEK")
+
+
 @main.group()
 def keys() -> None:
     """API keys of the service: each belongs to a tenant; the first one ends local mode."""
