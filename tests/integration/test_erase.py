@@ -4,6 +4,7 @@ plant marker strings, erase, and find none of them in a ``pg_dump`` of the datab
 from __future__ import annotations
 
 import asyncio
+import base64
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -260,3 +261,41 @@ async def test_pg_dump_holds_no_marker_after_erase(pg_dsn: str, postgresql: Any)
         assert "CANARY7Q" not in dump
         assert await other.get_messages() == [{"role": "user", "content": "BYSTANDER9Z"}]
         assert (await ledger.verify("audited")).ok
+
+
+async def test_rest_delete_with_erase(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextledger.http.settings import Settings
+    from tests.integration.service_support import running_service
+
+    monkeypatch.setenv("CONTEXTLEDGER_KEK", base64.b64encode(KEK).decode())
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as running:
+        c = running.client
+        assert (await c.post("/v1/sessions", json={"session_id": "s"})).status_code == 201
+        msg = {"role": "user", "content": "my address is 1 Main St"}
+        await c.post("/v1/sessions/s/messages", json={"message": msg})
+        got = (await c.get("/v1/sessions/s/messages")).json()["messages"]
+        assert got[0]["content"] == msg["content"]
+        no_reason = await c.delete("/v1/sessions/s", params={"erase": "true"})
+        assert no_reason.status_code == 422
+        erased = await c.delete(
+            "/v1/sessions/s", params={"reason": "gdpr", "erase": "true", "actor": "dpo"}
+        )
+        assert erased.status_code == 200, erased.text
+        (receipt,) = erased.json()["erased"]
+        assert (receipt["session_id"], receipt["reason"], receipt["actor"]) == ("s", "gdpr", "dpo")
+        for path in ("/v1/sessions/s", "/v1/sessions/s/messages", "/v1/sessions/s/events"):
+            gone = await c.get(path)
+            assert gone.status_code == 410 and gone.json()["code"] == "SESSION_ERASED", path
+        verified = await c.get("/v1/sessions/s/verify")
+        assert verified.status_code == 200 and verified.json()["ok"] is True
+        again = await c.delete("/v1/sessions/s", params={"reason": "x", "erase": "true"})
+        assert again.status_code == 410
+    monkeypatch.delenv("CONTEXTLEDGER_KEK")
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as running:
+        c = running.client
+        await c.post("/v1/sessions", json={"session_id": "plain"})
+        refused = await c.delete("/v1/sessions/plain", params={"reason": "x", "erase": "true"})
+        assert refused.status_code == 409
+        assert refused.json()["code"] == "SESSION_NOT_ENCRYPTED"
+        assert "purge" in refused.json()["detail"]
+        assert (await c.get("/v1/sessions/plain")).status_code == 200  # nothing written
