@@ -22,6 +22,7 @@ import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any
 
@@ -203,16 +204,22 @@ def generated_kek(path: Path) -> bytes:
 class Sealer:
     """One session's data key: seals and opens the content fields of its events."""
 
-    __slots__ = ("_aead", "session_id", "tenant")
+    __slots__ = ("_aead", "_prefix", "session_id", "tenant")
 
     def __init__(self, dek: bytes, tenant: str, session_id: str) -> None:
         self._aead = _aead(dek)
         self.tenant = tenant
         self.session_id = session_id
+        # the associated data is canonical JSON of [tag, tenant, session, seq, type,
+        # field]: its fixed head encoded once (an append pays for the rest only)
+        self._prefix = canonical_json(["contextledger-event", tenant, session_id])[:-1]
 
     def _aad(self, seq: int, type_: str, where: str) -> bytes:
-        return canonical_json(
-            ["contextledger-event", self.tenant, self.session_id, seq, type_, where]
+        return b"%s,%d,%s,%s]" % (
+            self._prefix,
+            seq,
+            encode_basestring(type_).encode(),
+            encode_basestring(where).encode(),
         )
 
     def _seal_value(self, value: Any, aad: bytes) -> str:

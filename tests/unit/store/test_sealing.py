@@ -152,3 +152,13 @@ def test_the_chain_hashes_the_sealed_form() -> None:
     assert verify_chain("s", events, 3, prev).ok
     plain = make_event("s", 1, payloads[0], GENESIS_HASH, created_at=T0)
     assert plain.hash != events[0].hash and plain.data is None  # unsealed: unchanged path
+
+
+@given(json_text, json_text, st.integers(0, 2**62), json_text, json_text)
+def test_associated_data_is_the_canonical_json_of_the_place(
+    tenant: str, session: str, seq: int, type_: str, where: str
+) -> None:
+    from contextledger.core.encoding import canonical_json
+
+    aad = Sealer(KEK, tenant, session)._aad(seq, type_, where)
+    assert aad == canonical_json(["contextledger-event", tenant, session, seq, type_, where])
