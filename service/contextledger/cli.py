@@ -28,7 +28,7 @@ from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from contextledger.core.chain import Anchor  # noqa: E402
-from contextledger.errors import ContextLedgerError  # noqa: E402
+from contextledger.errors import ConfigError, ContextLedgerError  # noqa: E402
 from contextledger.ledger import Ledger  # noqa: E402
 from contextledger.render import short, view_table  # noqa: E402
 
@@ -559,6 +559,86 @@ async def erasures(ctx: click.Context, as_json: bool, full: bool) -> None:
             r.last_hash if full else r.last_hash[:12],
         )
     console.print(table)
+
+
+@main.group()
+def retention() -> None:
+    """Erase or purge idle sessions by policy (off unless a policy is given)."""
+
+
+def _policy(erase_after: int | None, purge_after: int | None) -> Any:
+    """The options, else ``$CONTEXTLEDGER_RETENTION`` (a JSON or YAML mapping)."""
+    import os
+
+    import yaml
+
+    from contextledger.retention import RetentionPolicy
+
+    if erase_after is not None or purge_after is not None:
+        return RetentionPolicy(erase_after, purge_after)
+    text = os.environ.get("CONTEXTLEDGER_RETENTION", "").strip()
+    if not text:
+        raise click.UsageError(
+            "give --erase-after-days and/or --purge-after-days (or $CONTEXTLEDGER_RETENTION)"
+        )
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(
+            "$CONTEXTLEDGER_RETENTION is not JSON or YAML", key="CONTEXTLEDGER_RETENTION"
+        ) from None
+    return RetentionPolicy.from_mapping(value)
+
+
+@retention.command("apply", context_settings=CONTEXT)
+@target_options
+@click.option(
+    "--erase-after-days", type=int, default=None, help="Erase sealed sessions idle N days."
+)
+@click.option("--purge-after-days", type=int, default=None, help="Purge sessions idle N days.")
+@click.option("--dry-run", is_flag=True, help="List what would go; change nothing.")
+@_json_option
+@click.pass_context
+@_run
+async def retention_apply(
+    ctx: click.Context,
+    erase_after_days: int | None,
+    purge_after_days: int | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Apply a retention policy: each erasure and purge audited like a manual one.
+
+    Idle = days since a session's last event. --tenant applies it to that tenant only.
+    """
+    from contextledger import retention as policy_rules
+
+    policy = _policy(erase_after_days, purge_after_days)
+    async with _open(ctx) as ledger:
+        actions = await policy_rules.apply(ledger, policy, dry_run=dry_run)
+    if as_json:
+        _echo_json(
+            {
+                "dry_run": dry_run,
+                "policy": policy.to_dict(),
+                "actions": [a.to_dict() for a in actions],
+            }
+        )
+        return
+    title = "retention: would do (dry run)" if dry_run else "retention: done"
+    table = Table(title=title, title_justify="left")
+    for col in ("session", "action", "idle days", "last activity", "why"):
+        table.add_column(col)
+    for a in actions:
+        table.add_row(
+            escape(a.session_id),
+            a.action,
+            f"{a.idle_days:.1f}",
+            a.last_activity.isoformat(timespec="seconds"),
+            escape(a.why),
+        )
+    console.print(table)
+    console.print(f"{len(actions)} session(s)" + (" (nothing changed)" if dry_run else ""))
 
 
 @main.group()
