@@ -28,7 +28,7 @@ from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from contextledger.core.chain import Anchor  # noqa: E402
-from contextledger.errors import ConfigError, ContextLedgerError  # noqa: E402
+from contextledger.errors import ContextLedgerError  # noqa: E402
 from contextledger.ledger import Ledger  # noqa: E402
 from contextledger.render import short, view_table  # noqa: E402
 
@@ -566,28 +566,23 @@ def retention() -> None:
     """Erase or purge idle sessions by policy (off unless a policy is given)."""
 
 
-def _policy(erase_after: int | None, purge_after: int | None) -> Any:
-    """The options, else ``$CONTEXTLEDGER_RETENTION`` (a JSON or YAML mapping)."""
+def _policy(tenant: str | None, erase_after: int | None, purge_after: int | None) -> Any:
+    """The options, else this tenant's entry in ``$CONTEXTLEDGER_RETENTION`` (the JSON
+    object ``tenant -> policy`` the service reads too; the embedded ledger is ``local``)."""
     import os
 
-    import yaml
-
-    from contextledger.retention import RetentionPolicy
+    from contextledger.retention import ENV, RetentionPolicy, policies_from_json
 
     if erase_after is not None or purge_after is not None:
         return RetentionPolicy(erase_after, purge_after)
-    text = os.environ.get("CONTEXTLEDGER_RETENTION", "").strip()
-    if not text:
+    policies = policies_from_json(os.environ.get(ENV, ""))
+    name = tenant or "local"
+    if name not in policies:
         raise click.UsageError(
-            "give --erase-after-days and/or --purge-after-days (or $CONTEXTLEDGER_RETENTION)"
+            f"give --erase-after-days and/or --purge-after-days, or a policy for tenant "
+            f"{name!r} in ${ENV}"
         )
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise ConfigError(
-            "$CONTEXTLEDGER_RETENTION is not JSON or YAML", key="CONTEXTLEDGER_RETENTION"
-        ) from None
-    return RetentionPolicy.from_mapping(value)
+    return policies[name]
 
 
 @retention.command("apply", context_settings=CONTEXT)
@@ -613,7 +608,7 @@ async def retention_apply(
     """
     from contextledger import retention as policy_rules
 
-    policy = _policy(erase_after_days, purge_after_days)
+    policy = _policy(ctx.obj.get("tenant"), erase_after_days, purge_after_days)
     async with _open(ctx) as ledger:
         actions = await policy_rules.apply(ledger, policy, dry_run=dry_run)
     if as_json:

@@ -11,6 +11,7 @@ the policy and the idle days in the recorded reason.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -82,6 +83,26 @@ class RetentionPolicy:
         if self.purge_after_days is not None:
             out["purge_after_days"] = self.purge_after_days
         return out
+
+
+#: The variable both the service and ``contextledger retention apply`` read.
+ENV = "CONTEXTLEDGER_RETENTION"
+
+
+def policies_from_json(raw: str) -> dict[str, RetentionPolicy]:
+    """``{"tenant": {"erase_after_days": N, "purge_after_days": M}, ...}`` (JSON), each
+    policy validated; the embedded/local ledger's tenant is ``local``."""
+    try:
+        loaded = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        raise ConfigError(f"${ENV} is not JSON", key="retention") from None
+    if not isinstance(loaded, Mapping):
+        raise ConfigError(
+            f"${ENV} is a JSON object: tenant -> policy, e.g. "
+            '{"local": {"erase_after_days": 30}}',
+            key="retention",
+        )
+    return {str(t): RetentionPolicy.from_mapping(p) for t, p in loaded.items()}
 
 
 @dataclass(frozen=True)

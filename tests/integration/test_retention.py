@@ -109,9 +109,11 @@ def test_cli_dry_run_and_apply(pg_dsn: str) -> None:
 
     none = run("--dry-run")
     assert none.returncode == 2 and "--erase-after-days" in none.stderr
-    bad = run("--dry-run", CONTEXTLEDGER_RETENTION="{erase_after_days: 0}")
+    bad = run("--dry-run", CONTEXTLEDGER_RETENTION='{"local": {"erase_after_days": 0}}')
     assert bad.returncode == 2 and "[INVALID_CONFIG]" in bad.stderr
-    dry = run("--dry-run", "--json", CONTEXTLEDGER_RETENTION="{erase_after_days: 7}")
+    other = run("--dry-run", CONTEXTLEDGER_RETENTION='{"acme": {"erase_after_days": 7}}')
+    assert other.returncode == 2 and "tenant 'local'" in other.stderr
+    dry = run("--dry-run", "--json", CONTEXTLEDGER_RETENTION='{"local": {"erase_after_days": 7}}')
     assert dry.returncode == 0, dry.stderr
     out = json.loads(dry.stdout)
     assert out["dry_run"] and [a["session_id"] for a in out["actions"]] == ["idle"]
@@ -122,3 +124,36 @@ def test_cli_dry_run_and_apply(pg_dsn: str) -> None:
     ] == [("idle", "erase", True)]
     again = run("--erase-after-days", "7")
     assert again.returncode == 0 and "0 session(s)" in again.stdout
+
+
+async def test_the_service_applies_policies_on_a_schedule(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from contextledger.errors import ConfigError
+    from contextledger.http.app import create_app
+    from contextledger.http.settings import Settings, parse_setting
+    from tests.integration.service_support import running_service
+
+    with pytest.raises(ConfigError, match="whole number"):
+        parse_setting("retention", '{"local": {"erase_after_days": -1}}')
+    with pytest.raises(ConfigError):
+        create_app(Settings(dsn=pg_dsn, retention={"local": {"keep_days": 3}}))
+    async with Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as ledger:
+        await seed(ledger, "stale", 40)
+        await seed(ledger, "live", 1)
+    monkeypatch.delenv("CONTEXTLEDGER_KEK", raising=False)  # erasing needs no KEK
+    policy = parse_setting("retention", '{"local": {"erase_after_days": 30}}')
+    settings = Settings(dsn=pg_dsn, migrate=False, retention=policy, retention_interval=0.2)
+    async with running_service(settings) as running:
+        for _ in range(100):
+            gone = await running.client.get("/v1/sessions/stale")
+            if gone.status_code == 410:
+                break
+            await asyncio.sleep(0.1)
+        assert gone.status_code == 410
+        assert (await running.client.get("/v1/sessions/live")).status_code == 200
+    async with Ledger.open(pg_dsn) as ledger:
+        (erasure,) = await ledger.erasures()  # every pass since found nothing more to do
+        assert erasure.session_id == "stale" and erasure.actor == "retention"
