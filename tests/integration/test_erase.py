@@ -299,3 +299,84 @@ async def test_rest_delete_with_erase(pg_dsn: str, monkeypatch: pytest.MonkeyPat
         assert refused.json()["code"] == "SESSION_NOT_ENCRYPTED"
         assert "purge" in refused.json()["detail"]
         assert (await c.get("/v1/sessions/plain")).status_code == 200  # nothing written
+
+
+async def test_erasure_is_tenant_scoped_and_its_audit_is_insert_only(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contextledger.http.settings import Settings
+    from contextledger.store.dsn import asyncpg_dsn, with_user
+    from tests.integration.service_support import new_key, running_service
+
+    monkeypatch.setenv("CONTEXTLEDGER_KEK", base64.b64encode(KEK).decode())
+    keys = {t: await new_key(pg_dsn, t) for t in ("alpha", "beta")}
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as running:
+        c = running.client
+        for tenant, key in keys.items():
+            h = {"Authorization": f"Bearer {key}"}
+            await c.post("/v1/sessions", json={"session_id": "s"}, headers=h)
+            await c.post(
+                "/v1/sessions/s/messages",
+                json={"message": {"role": "user", "content": f"{tenant} secret"}},
+                headers=h,
+            )
+        alpha = {"Authorization": f"Bearer {keys['alpha']}"}
+        beta = {"Authorization": f"Bearer {keys['beta']}"}
+        r = await c.delete("/v1/sessions/s", params={"reason": "r", "erase": "true"}, headers=alpha)
+        assert r.status_code == 200, r.text
+        assert (await c.get("/v1/sessions/s", headers=alpha)).status_code == 410
+        got = (await c.get("/v1/sessions/s/messages", headers=beta)).json()["messages"]
+        assert got == [{"role": "user", "content": "beta secret"}]  # the same id, untouched
+    role = "contextledger_service"
+    for tenant, erased in (("alpha", 1), ("beta", 0)):
+        service = await asyncpg.connect(
+            with_user(asyncpg_dsn(pg_dsn), role),
+            server_settings={"contextledger.tenant": tenant},
+        )
+        try:
+            n = await service.fetchval("SELECT count(*) FROM contextledger.erasures")
+            assert n == erased  # each tenant sees its own erasures only
+            live = await service.fetchval(
+                "SELECT count(*) FROM contextledger.session_keys WHERE wrapped_dek IS NOT NULL"
+            )
+            assert live == 1 - erased
+            for sql in (
+                "UPDATE contextledger.erasures SET reason = 'x'",
+                "DELETE FROM contextledger.erasures",
+            ):
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await service.execute(sql)
+        finally:
+            await service.close()
+
+
+async def test_migration_0013_downgrades_only_without_live_keys(pg_dsn: str) -> None:
+    from alembic import command
+
+    from contextledger.store.migrate import alembic_config
+
+    async with Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as ledger:
+        s = await ledger.session("k")
+        await s.add_message({"role": "user", "content": "x"})
+    with pytest.raises(Exception, match="sealed sessions exist"):
+        await asyncio.to_thread(command.downgrade, alembic_config(pg_dsn), "0011")
+    async with Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as ledger:
+        await ledger.store.purge("k", "test")  # type: ignore[attr-defined]
+    await asyncio.to_thread(command.downgrade, alembic_config(pg_dsn), "0011")
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('contextledger.session_keys')") is None
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM information_schema.columns"
+                " WHERE table_name = 'sessions' AND column_name = 'erased_at'"
+            )
+            == 0
+        )
+    finally:
+        await conn.close()
+    await asyncio.to_thread(command.upgrade, alembic_config(pg_dsn), "head")
+    async with Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as ledger:
+        s = await ledger.session("k2")
+        await s.add_message({"role": "user", "content": "y"})
+        assert (await ledger.erase("k2", reason="after re-upgrade"))[0].events == 2
