@@ -380,3 +380,26 @@ async def test_migration_0013_downgrades_only_without_live_keys(pg_dsn: str) -> 
         s = await ledger.session("k2")
         await s.add_message({"role": "user", "content": "y"})
         assert (await ledger.erase("k2", reason="after re-upgrade"))[0].events == 2
+
+
+@pytest.mark.parametrize("store", ["postgres", "memory"])
+async def test_a_sealed_session_exports_in_clear_and_imports_sealed_afresh(
+    store: str, request: pytest.FixtureRequest
+) -> None:
+    from contextledger.transfer import export_lines, import_lines
+
+    dsn = "memory://" if store == "memory" else dsn_for(request.getfixturevalue("postgresql"))
+    async with Ledger.open(dsn, keyring=KeyRing(KEK)) as ledger:
+        s = await _write_markers(ledger, "src", "EXP")
+        messages = await s.get_messages()
+        lines = [line async for line in export_lines(ledger, "src")]
+        assert any("EXP-one" in line for line in lines)  # the file carries the content
+        result = await import_lines(ledger, lines, session_id="copy")
+        copy = await ledger.session("copy", create=False)
+        assert await copy.get_messages() == messages
+        assert (await copy.refresh()).sealed and (await ledger.verify("copy")).ok
+        stored = [e async for e in ledger.store.stored_events("copy")]
+        assert result.events == len(stored) and not any("EXP" in str(e.data) for e in stored)
+    async with Ledger.open("memory://", keyring=None) as plain:  # into a ledger in clear
+        await import_lines(plain, lines)
+        assert await (await plain.session("src", create=False)).get_messages() == messages

@@ -513,3 +513,5 @@ class MemoryStore(Store):
 
     async def close(self) -> None:
         self._streams.clear()
+        self._sealers.clear()  # the data keys go with the process's store
+        self._erased.clear()

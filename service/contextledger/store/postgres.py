@@ -977,6 +977,8 @@ class PostgresStore(Store):
             raise _erased(session_id)
         if self._heads.get(session_id) != (info.head, info.last_hash):
             self._closed.pop(session_id, None)  # another writer moved the chain
+            # (or purged it and made another under the id: never seal with its old key)
+            self._sealers.pop(session_id, None)
         self._heads[session_id] = (info.head, info.last_hash)
         return info
 
@@ -1067,7 +1069,6 @@ class PostgresStore(Store):
         known: tuple[int, str] | None,
     ) -> AppendResult:
         head, last_hash = await self._head(session_id)
-        seal = await self._seal(session_id)
         checked: tuple[int, str] | None = None  # the chain state last found admissible
         for _ in range(_RETRIES):
             if (head, last_hash) != checked and (
@@ -1098,7 +1099,7 @@ class PostgresStore(Store):
                 last_hash,
                 created_at=created_at,
                 idempotency_key=key,
-                seal=seal,
+                seal=await self._seal(session_id),  # kept: a dict lookup; fresh after a move
             )
             data_json = event.encoded.decode() if event.encoded is not None else _stored(event)
             try:
@@ -1143,7 +1144,6 @@ class PostgresStore(Store):
         """Many messages, one statement: the conditional head UPDATE (head and last hash,
         so the chain is pinned) gates every INSERT."""
         head, last_hash = await self._head(session_id)
-        seal = await self._seal(session_id)
         for _ in range(_RETRIES):
             if known is not None and known != (head, last_hash):
                 head, last_hash = await self._head(session_id, fresh=True)
@@ -1166,6 +1166,7 @@ class PostgresStore(Store):
                     )
             events: list[Event] = []
             prev = last_hash
+            seal = await self._seal(session_id)
             for n, payload in enumerate(payloads):
                 event = make_event(
                     session_id,
@@ -1213,7 +1214,7 @@ class PostgresStore(Store):
             key,
         )
         assert row is not None
-        sealer = self._sealers.get(session_id)
+        sealer = await self._sealer(session_id)
         stored = json.loads(row[1])
         if sealer is not None:
             stored = sealer.open(row[0], "message.appended", stored)
