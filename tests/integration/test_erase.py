@@ -403,3 +403,25 @@ async def test_a_sealed_session_exports_in_clear_and_imports_sealed_afresh(
     async with Ledger.open("memory://", keyring=None) as plain:  # into a ledger in clear
         await import_lines(plain, lines)
         assert await (await plain.session("src", create=False)).get_messages() == messages
+
+
+async def test_another_process_erasing_stops_this_ones_reads_and_appends(pg_dsn: str) -> None:
+    """Two stores on one database (two processes): the one that did not erase had the
+    key cached and the session open; it can open nothing and append nothing after."""
+    async with (
+        Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as here,
+        Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as there,
+    ):
+        s = await here.session("shared")
+        await s.add_message({"role": "user", "content": "cached here"})
+        assert await s.get_messages() == [{"role": "user", "content": "cached here"}]
+        await s.get_messages_for_request()  # the request path's state is warm too
+        await there.erase("shared", reason="asked elsewhere")
+        with pytest.raises(SessionErased):
+            await s.get_messages()
+        with pytest.raises(SessionErased):
+            await s.add_message({"role": "user", "content": "after"})
+        with pytest.raises(SessionErased):
+            await s.get_messages_for_request()
+        assert [e.seq async for e in here.store.stored_events("shared")] == [1, 2]
+        assert (await here.verify("shared")).ok
