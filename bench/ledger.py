@@ -45,15 +45,18 @@ import structlog
 import contextledger.store.postgres as pgstore
 from contextledger.ledger import Ledger
 from contextledger.session import Session
+from contextledger.store.sealing import KeyRing
 
 try:
     from bench._pg import embedded_server, install_sigterm_handler, scratch_database
+    from bench.results import write as write_results
 except ImportError:  # run as a script: bench/ itself is sys.path[0]
     from _pg import (  # type: ignore[no-redef]
         embedded_server,
         install_sigterm_handler,
         scratch_database,
     )
+    from results import write as write_results  # type: ignore[no-redef]
 
 PARALLEL = 32
 VIEW_KEEP = 49  # messages left in the view after the summary (+ the summary = 50)
@@ -230,13 +233,17 @@ async def timed(fn: Callable[[], Awaitable[Any]]) -> float:
 
 Writer = OursWriter | CteWriter | RawWriter
 #: ours = defaults (token counter "auto": tiktoken); ours-chars = the chars estimator, to
-#: show what accurate token counting costs per append
-KINDS = ("ours", "ours-chars", "cte", "raw")
+#: show what accurate token counting costs per append; ours-sealed = ours with a KEK:
+#: content sealed under the session's data key (AES-256-GCM), what erase needs
+KINDS = ("ours", "ours-sealed", "ours-chars", "cte", "raw")
+#: An append with encryption on costs at most this much more than one without.
+SEALED_TARGET = 1.1
 
 
 async def writers_for(
     kind: str,
     ledger: Ledger,
+    sealed: Ledger,
     conns: list[asyncpg.Connection],
     prefix: str,
     messages: list[dict[str, Any]],
@@ -248,6 +255,8 @@ async def writers_for(
         sid = f"{prefix}-{kind}-{i}"
         if kind == "ours":
             out.append(OursWriter(await ledger.session(sid), messages))
+        elif kind == "ours-sealed":
+            out.append(OursWriter(await sealed.session(sid), messages))
         elif kind == "ours-chars":
             out.append(
                 OursWriter(await ledger.session(sid, config={"token_counter": "chars"}), messages)
@@ -262,6 +271,7 @@ async def writers_for(
 
 async def bench_append(
     ledger: Ledger,
+    sealed: Ledger,
     conns: list[asyncpg.Connection],
     messages: list[dict[str, Any]],
     per_writer: int,
@@ -275,7 +285,7 @@ async def bench_append(
     datas = [event_data(m) for m in messages]
     # Warm-up: pool connections opened, statements prepared, code paths hot.
     for kind in KINDS:
-        ws = await writers_for(kind, ledger, conns, f"{label}-warm", messages, datas)
+        ws = await writers_for(kind, ledger, sealed, conns, f"{label}-warm", messages, datas)
         await asyncio.gather(*(w.run(max(20, WARMUP_APPENDS // len(conns))) for w in ws))
     timings = {k: Timing() for k in KINDS}
     per = per_writer // rounds
@@ -286,7 +296,7 @@ async def bench_append(
         )
         order = KINDS if r % 2 == 0 else KINDS[::-1]
         for kind in order:
-            ws = await writers_for(kind, ledger, conns, f"{label}-{r}", messages, datas)
+            ws = await writers_for(kind, ledger, sealed, conns, f"{label}-{r}", messages, datas)
             t0 = time.perf_counter()
             await asyncio.gather(*(w.run(per) for w in ws))
             timings[kind].seconds += time.perf_counter() - t0
@@ -423,17 +433,22 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
             progress(f"WARNING: synchronous_commit is {settings['synchronous_commit']!r}")
         await raw_setup(raw)
         progress(f"opening the ledger (migrate=True, pool_size={PARALLEL})")
-        async with Ledger.open(dsn, migrate=True, pool_size=PARALLEL) as ledger:
+        async with (
+            Ledger.open(dsn, migrate=True, pool_size=PARALLEL, keyring=None) as ledger,
+            Ledger.open(dsn, pool_size=PARALLEL, keyring=KeyRing(os.urandom(32))) as sealed,
+        ):
+            assert not (await (await ledger.session("bench-probe-plain")).refresh()).sealed
+            assert (await (await sealed.session("bench-probe-sealed")).refresh()).sealed
             pool_sc = await ledger.store._pool.fetchval(  # type: ignore[attr-defined]
                 "SHOW synchronous_commit"
             )
 
             progress(f"1. single-session append: {n_single} each (ours, CTE floor, raw)")
-            single = await bench_append(ledger, [raw], messages, n_single, rounds, "single")
+            single = await bench_append(ledger, sealed, [raw], messages, n_single, rounds, "single")
 
             progress(f"2. parallel append: {PARALLEL} sessions x {per_task} each")
             conns = [await asyncpg.connect(dsn) for _ in range(PARALLEL)]
-            parallel = await bench_append(ledger, conns, messages, per_task, rounds, "par")
+            parallel = await bench_append(ledger, sealed, conns, messages, per_task, rounds, "par")
             for c in conns:
                 await c.close()
             conns = []
@@ -511,6 +526,29 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
             f" ≥ 0.70x {'PASS' if ratio >= 0.7 else 'FAIL'} |"
         )
     p("")
+    p(
+        "| append, sealed vs plain | ours ops/s | ours, sealed ops/s | sealed cost / plain"
+        " | target |"
+    )
+    p("|---|---:|---:|---:|---:|")
+    figures: dict[str, Any] = {"quick": quick, "server": server_version, "append": {}}
+    for label, t in (
+        ("1 session, sequential", single),
+        (f"{PARALLEL} sessions in parallel", parallel),
+    ):
+        o, sl = t["ours"], t["ours-sealed"]
+        cost = o.rate / sl.rate  # time per sealed append / time per plain append
+        p(
+            f"| {label} | {o.rate:,.0f} | {sl.rate:,.0f} ({sl.seconds / sl.ops * 1e6:.0f}"
+            f" µs/op) | **{cost:.3f}x** | ≤ {SEALED_TARGET}x"
+            f" {'PASS' if cost <= SEALED_TARGET else 'FAIL'} |"
+        )
+        figures["append"][label] = {
+            **{k: {"ops": v.ops, "ops_per_s": round(v.rate, 1)} for k, v in t.items()},
+            "ours_over_raw": round(o.rate / t["raw"].rate, 3),
+            "sealed_cost_over_plain": round(cost, 3),
+        }
+    p("")
     for title, samples, plans in series:
         p(f"**view() read, {title}**\n")
         p("| history (events) | view items | reads | p50 ms | p95 ms | p50 / p50(smallest) |")
@@ -538,6 +576,14 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
         + "."
     )
     print("\n".join(out), flush=True)
+    figures["view_read_p50_ms"] = {
+        title: {
+            str(c.history): statistics.median(smp) * 1000
+            for c, smp in zip(cases, samples, strict=True)
+        }
+        for title, samples, _ in series
+    }
+    progress(f"figures: {write_results('ledger-quick' if quick else 'ledger', figures)}")
     if prof:
         print("\n<details><summary>cProfile of sequential add_message</summary>\n\n```")
         print(prof)

@@ -1,7 +1,7 @@
 """Recall's postings carry a message's length in tokens, as BM25 has it.
 
 Revision ID: 0015
-Revises: 0011
+Revises: 0013
 Create Date: 2026-11-27
 
 0010 stored each posting's ``dl`` as the message's number of distinct lexemes. A message
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0015"
-down_revision: str | None = "0011"
+down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

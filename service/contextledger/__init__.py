@@ -28,6 +28,7 @@ from contextledger.errors import (
     InvalidImport,
     InvalidInput,
     InvalidMessage,
+    KeyUnavailable,
     LedgerClosed,
     LedgerCredentialsRejected,
     LedgerRefused,
@@ -36,7 +37,9 @@ from contextledger.errors import (
     MissingExtra,
     NotFound,
     SeqOutOfRange,
+    SessionErased,
     SessionExists,
+    SessionNotEncrypted,
     SessionNotFound,
     StoreError,
 )
@@ -59,7 +62,8 @@ from contextledger.protocols import ContextManager
 from contextledger.provider_shapes import ProviderRequest
 from contextledger.retry import RetryPolicy
 from contextledger.session import Session
-from contextledger.store.base import Checkpoint, RebuildReport, SessionInfo
+from contextledger.store.base import Checkpoint, Erasure, RebuildReport, SessionInfo
+from contextledger.store.sealing import KeyRing
 from contextledger.summarizer import FallbackCallback
 
 _library_defaults()
@@ -88,6 +92,7 @@ __all__ = [
     "ContextConfig",
     "ContextLedgerError",
     "ContextManager",
+    "Erasure",
     "Event",
     "EventDecodeError",
     "FallbackCallback",
@@ -98,6 +103,8 @@ __all__ = [
     "InvalidImport",
     "InvalidInput",
     "InvalidMessage",
+    "KeyRing",
+    "KeyUnavailable",
     "Ledger",
     "LedgerClosed",
     "LedgerCredentialsRejected",
@@ -116,8 +123,10 @@ __all__ = [
     "RetryPolicy",
     "SeqOutOfRange",
     "Session",
+    "SessionErased",
     "SessionExists",
     "SessionInfo",
+    "SessionNotEncrypted",
     "SessionNotFound",
     "StoreError",
     "SummarizerConfig",

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import json
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +25,7 @@ require_extra("cli", "click", "rich")
 import click  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
+from rich.table import Table  # noqa: E402
 
 from contextledger.core.chain import Anchor  # noqa: E402
 from contextledger.errors import (  # noqa: E402
@@ -559,6 +560,166 @@ async def purge(ctx: click.Context, session_id: str, reason: str) -> None:
     async with _open(ctx) as ledger:
         n = await ledger.store.purge(session_id, reason)
         console.print(f"purged {session_id}: {n} events (audited)")
+
+
+@main.command(context_settings=CONTEXT)
+@target_options
+@click.argument("session_id")
+@click.option("--reason", required=True, help="Recorded in the erasure's audit record.")
+@click.option("--actor", default=None, help="On whose behalf (a ticket, a person): recorded.")
+@click.confirmation_option(
+    prompt="Erasing destroys the session's data key: its content is unreadable for good. Continue?"
+)
+@click.pass_context
+@_run
+async def erase(ctx: click.Context, session_id: str, reason: str, actor: str | None) -> None:
+    """Erase a sealed session by destroying its data key (and its forks with it).
+
+    Its derived copies (view rows, search postings, embeddings) go too; its chain still
+    verifies; `contextledger erasures` lists who erased what, when and why. A session
+    written without a key-encryption key cannot be erased: `purge` it.
+    """
+    async with _open(ctx) as ledger:
+        for r in await ledger.erase(session_id, reason=reason, actor=actor):
+            removed = ", ".join(f"{n} {kind}" for kind, n in r.removed.items())
+            console.print(f"erased {escape(r.session_id)}: {r.events} events sealed for good")
+            console.print(f"  derived rows removed: {removed} (audited)")
+
+
+@main.command(context_settings=CONTEXT)
+@target_options
+@_json_option
+@_full_option
+@click.pass_context
+@_run
+async def erasures(ctx: click.Context, as_json: bool, full: bool) -> None:
+    """List erased sessions: who erased which, on whose behalf, when and why."""
+    async with _open(ctx) as ledger:
+        records = await ledger.erasures()
+    if as_json:
+        _echo_json([r.to_dict() for r in records])
+        return
+    table = Table(title="erased sessions", title_justify="left")
+    for col in ("session", "erased at", "by", "actor", "events", "reason", "last hash"):
+        table.add_column(col, overflow="fold" if full else "ellipsis")
+    for r in records:
+        table.add_row(
+            escape(r.session_id),
+            r.erased_at.isoformat(timespec="seconds"),
+            escape(r.erased_by),
+            escape(r.actor or "-"),
+            str(r.events),
+            escape(r.reason),
+            r.last_hash if full else r.last_hash[:12],
+        )
+    console.print(table)
+
+
+@main.group()
+def retention() -> None:
+    """Erase or purge idle sessions by policy (off unless a policy is given)."""
+
+
+def _policy(tenant: str | None, erase_after: int | None, purge_after: int | None) -> Any:
+    """The options, else this tenant's entry in ``$CONTEXTLEDGER_RETENTION`` (the JSON
+    object ``tenant -> policy`` the service reads too; the embedded ledger is ``local``)."""
+    import os
+
+    from contextledger.retention import ENV, RetentionPolicy, policies_from_json
+
+    if erase_after is not None or purge_after is not None:
+        return RetentionPolicy(erase_after, purge_after)
+    policies = policies_from_json(os.environ.get(ENV, ""))
+    name = tenant or "local"
+    if name not in policies:
+        raise click.UsageError(
+            f"give --erase-after-days and/or --purge-after-days, or a policy for tenant "
+            f"{name!r} in ${ENV}"
+        )
+    return policies[name]
+
+
+@retention.command("apply", context_settings=CONTEXT)
+@target_options
+@click.option(
+    "--erase-after-days", type=int, default=None, help="Erase sealed sessions idle N days."
+)
+@click.option("--purge-after-days", type=int, default=None, help="Purge sessions idle N days.")
+@click.option("--dry-run", is_flag=True, help="List what would go; change nothing.")
+@_json_option
+@click.pass_context
+@_run
+async def retention_apply(
+    ctx: click.Context,
+    erase_after_days: int | None,
+    purge_after_days: int | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Apply a retention policy: each erasure and purge audited like a manual one.
+
+    Idle = days since a session's last event. --tenant applies it to that tenant only.
+    """
+    from contextledger import retention as policy_rules
+
+    policy = _policy(ctx.obj.get("tenant"), erase_after_days, purge_after_days)
+    async with _open(ctx) as ledger:
+        actions = await policy_rules.apply(ledger, policy, dry_run=dry_run)
+    if as_json:
+        _echo_json(
+            {
+                "dry_run": dry_run,
+                "policy": policy.to_dict(),
+                "actions": [a.to_dict() for a in actions],
+            }
+        )
+        return
+    title = "retention: would do (dry run)" if dry_run else "retention: done"
+    table = Table(title=title, title_justify="left")
+    for col in ("session", "action", "idle days", "last activity", "why"):
+        table.add_column(col)
+    for a in actions:
+        table.add_row(
+            escape(a.session_id),
+            a.action,
+            f"{a.idle_days:.1f}",
+            a.last_activity.isoformat(timespec="seconds"),
+            escape(a.why),
+        )
+    console.print(table)
+    console.print(f"{len(actions)} session(s)" + (" (nothing changed)" if dry_run else ""))
+
+
+@main.group()
+def kek() -> None:
+    """The key-encryption key that wraps sessions' data keys ($CONTEXTLEDGER_KEK)."""
+
+
+@kek.command("generate", context_settings=CONTEXT)
+def kek_generate() -> None:
+    """Print a new random KEK (32 bytes, standard base64) for your secret store."""
+    import base64
+    import os
+
+    click.echo(base64.b64encode(os.urandom(32)).decode())
+
+
+@kek.command("rotate", context_settings=CONTEXT)
+@target_options
+@click.pass_context
+@_run
+async def kek_rotate(ctx: click.Context) -> None:
+    """Re-wrap every data key under the current KEK.
+
+    Set $CONTEXTLEDGER_KEK to the new KEK and $CONTEXTLEDGER_KEK_OLD to the old one(s);
+    once this reports 0 left, drop the old KEK from $CONTEXTLEDGER_KEK_OLD.
+    """
+    async with _open(ctx) as ledger:
+        rotate: Callable[[], Awaitable[int]] | None = getattr(ledger.store, "rotate_keys", None)
+        if rotate is None:
+            raise click.UsageError("key rotation needs a PostgreSQL store")
+        n = await rotate()
+        console.print(f"re-wrapped {n} data keys under the current KEK")
 
 
 @main.group(context_settings=CONTEXT)

@@ -120,6 +120,28 @@ class SessionNotFound(NotFound):
         return cls(f"no session {session_id!r}", session_id=session_id)
 
 
+class SessionErased(SessionNotFound):
+    """The session was erased (its data key destroyed): its content can never be read
+    again. Its chain still verifies; ``erasures`` says who erased it, when and why."""
+
+    code = "SESSION_ERASED"
+
+
+class SessionNotEncrypted(Conflict):
+    """``erase`` needs a session written under a data key; a session written without
+    encryption can only be removed with the audited ``purge``."""
+
+    code = "SESSION_NOT_ENCRYPTED"
+
+
+class KeyUnavailable(ConfigError):
+    """A data key cannot be unwrapped: no key-encryption key configured, or not the one
+    (nor an old one still listed) it was wrapped under. The operator's configuration,
+    not the caller's input: the service answers 503."""
+
+    code = "KEY_UNAVAILABLE"
+
+
 class SessionExists(Conflict):
     """A session with that id already exists (``create_session`` only)."""
 

@@ -26,6 +26,7 @@ from contextledger.errors import (
     ChainBroken,
     InvalidArgument,
     LedgerClosed,
+    SessionErased,
     SessionExists,
     SessionNotFound,
     StoreError,
@@ -33,9 +34,10 @@ from contextledger.errors import (
 from contextledger.hooks import PreCompactHandler
 from contextledger.retry import RetryPolicy
 from contextledger.session import Session
-from contextledger.store.base import RebuildReport, SessionInfo, Store
+from contextledger.store.base import Erasure, RebuildReport, SessionInfo, Store
 from contextledger.store.dsn import DSN_ENV, redact, resolve_target
 from contextledger.store.memory import MemoryStore
+from contextledger.store.sealing import KeyRing, keyring_from
 
 log = structlog.get_logger(__name__)
 
@@ -71,6 +73,21 @@ async def warm_up(*models: str, config: ContextConfig | Mapping[str, Any] | None
             check_text(model, "model")
         counter = await asyncio.to_thread(get_counter, cfg.token_counter, model)
         await asyncio.to_thread(warm, counter, model, cfg)
+
+
+def _operator_keyring(kind: str, home: str | None) -> KeyRing | None:
+    """The KEK from the operator's environment (``generate`` only for the embedded server,
+    whose home keeps it). Blocking (may read or write the key file)."""
+    from pathlib import Path
+
+    def embedded_home() -> Path:
+        from contextledger.store.dsn import HOME_ENV
+        from contextledger.store.embedded import default_home
+
+        given = home or os.environ.get(HOME_ENV, "").strip()
+        return Path(given) if given else default_home()
+
+    return keyring_from(os.environ, home=embedded_home if kind == "embedded" else None)
 
 
 class Ledger:
@@ -122,6 +139,7 @@ class Ledger:
         role: str | None = None,
         retry_appends: RetryPolicy | None = None,
         pgbouncer: bool = False,
+        keyring: KeyRing | None = None,
     ) -> _Opener:
         """Open a ledger on ``dsn`` (``postgresql://…`` or ``memory://``); without one,
         on ``$CONTEXTLEDGER_DSN``; without that, on the embedded PostgreSQL under
@@ -140,9 +158,23 @@ class Ledger:
         they are needed (they run with their own settings, see ``PostgresStore.search``).
         ``pgbouncer``: the DSN reaches PostgreSQL through PgBouncer in transaction mode
         (asyncpg's statement cache off, no startup parameters: ``PostgresStore.connect``).
+        ``keyring``: the key-encryption key(s) new sessions' data keys are wrapped under
+        (``store/sealing.py``); default: the operator's ``$CONTEXTLEDGER_KEK`` (or
+        ``$CONTEXTLEDGER_KEK_FILE``), none when unset. With one, message content is
+        stored sealed and a session can be erased (``erase``).
         """
         return _Opener(
-            cls, dsn, home, migrate, config, pool_size, tenant, role, retry_appends, pgbouncer
+            cls,
+            dsn,
+            home,
+            migrate,
+            config,
+            pool_size,
+            tenant,
+            role,
+            retry_appends,
+            pgbouncer,
+            keyring,
         )
 
     @classmethod
@@ -157,6 +189,7 @@ class Ledger:
         role: str | None = None,
         retry_appends: RetryPolicy | None = None,
         pgbouncer: bool = False,
+        keyring: KeyRing | None = None,
     ) -> Ledger:
         if retry_appends is not None and not isinstance(retry_appends, RetryPolicy):
             raise InvalidArgument("retry_appends must be a RetryPolicy", field="retry_appends")
@@ -172,8 +205,17 @@ class Ledger:
             source=target.source,
             target=target.describe(),
         )
+        if keyring is None:
+            keyring = await asyncio.to_thread(_operator_keyring, target.kind, home)
+        elif not isinstance(keyring, KeyRing):
+            raise InvalidArgument("keyring must be a KeyRing", field="keyring")
         if target.kind == "memory":
-            return cls(MemoryStore(), config=cfg, dsn=target.dsn, retry_appends=retry_appends)
+            return cls(
+                MemoryStore(keyring=keyring),
+                config=cfg,
+                dsn=target.dsn,
+                retry_appends=retry_appends,
+            )
         # asyncpg, SQLAlchemy and alembic take a while to import: not on the event loop
         migrations: Any = await asyncio.to_thread(
             importlib.import_module, "contextledger.store.migrate"
@@ -191,7 +233,12 @@ class Ledger:
         head = await asyncio.to_thread(migrations.head_revision)
         try:
             store = await postgres.PostgresStore.connect(
-                dsn, max_size=pool_size, tenant=tenant, role=role, pgbouncer=pgbouncer
+                dsn,
+                max_size=pool_size,
+                tenant=tenant,
+                role=role,
+                pgbouncer=pgbouncer,
+                keyring=keyring,
             )
         except StoreError as exc:  # say which DSN to fix: the argument or the variable
             if target.dsn is not None:
@@ -274,6 +321,8 @@ class Ledger:
             self._remember_secrets(passed)
         try:
             info = await self.store.session_info(session_id)
+        except SessionErased:
+            raise  # erased for good: its id is never reused
         except SessionNotFound:
             if not create:
                 raise
@@ -333,7 +382,7 @@ class Ledger:
             return report
         if not isinstance(anchor, Anchor):
             raise InvalidArgument("anchor must be an Anchor (Anchor.parse('SEQ:HASH'))")
-        at = [e async for e in self.store.read_events(session_id, anchor.seq, anchor.seq)]
+        at = [e async for e in self.store.stored_events(session_id, anchor.seq, anchor.seq)]
         if not at or at[0].hash != anchor.hash:
             return VerifyReport(
                 session_id,
@@ -361,7 +410,7 @@ class Ledger:
         ids = (
             [check_session_id(session_id)]
             if session_id is not None
-            else [s.session_id for s in await self.store.list_sessions()]
+            else [s.session_id for s in await self.store.list_sessions() if s.erased_at is None]
         )
         if not force:
             for i in ids:
@@ -374,6 +423,56 @@ class Ledger:
                         seq=report.first_bad_seq,
                     )
         return [await self.store.rebuild(i) for i in ids]
+
+    async def erase(
+        self, session_id: str, *, reason: str, actor: str | None = None
+    ) -> list[Erasure]:
+        """Erase a session by destroying its data key: its content is unreadable from
+        then on (in this database, its replicas and its backups alike), every derived
+        plaintext copy is removed, the chain still verifies, and an audit record says who
+        erased it, when and why (``erasures``). Forks of it go with it. Returns the audit
+        records, the session's first. ``SessionNotEncrypted`` (use ``purge``) for a session
+        written without a data key; ``SessionErased`` if it already was."""
+        self._check_open()
+        check_session_id(session_id)
+        reason = check_text(reason, "reason", limit=1000).strip()
+        if actor is not None:
+            check_text(actor, "actor")
+        receipts = [await self.store.erase(session_id, reason, actor=actor)]
+        receipts += await self.erase_forks(await self.forks_of(session_id), reason, actor)
+        log.info("session_erased", session_id=session_id, forks=len(receipts) - 1)
+        return receipts
+
+    async def forks_of(self, session_id: str) -> list[str]:
+        """The sessions forked from ``session_id`` (and from those, transitively).
+
+        FORK WIRING: forks land in parallel (``session.forked``); until then no session
+        has a parent and this is empty. The fork work replaces this body with its lineage
+        query; ``erase`` already cascades through whatever it returns."""
+        return []
+
+    async def erase_forks(
+        self, children: list[str], reason: str, actor: str | None
+    ) -> list[Erasure]:
+        """Erase each child of an erased session (the one cascade point): a fork of an
+        erased prefix holds that prefix's content, so it goes too. One already erased is
+        skipped; an unsealed child cannot be shredded and is refused like its parent."""
+        out: list[Erasure] = []
+        for child in children:
+            try:
+                out.append(
+                    await self.store.erase(
+                        child, f"{reason} (fork of an erased session)", actor=actor
+                    )
+                )
+            except SessionErased:
+                continue
+        return out
+
+    async def erasures(self) -> list[Erasure]:
+        """Every erasure's audit record, oldest first."""
+        self._check_open()
+        return await self.store.erasures()
 
     async def close(self) -> None:
         """Let background summaries land (or cancel them after ``close_timeout``), then

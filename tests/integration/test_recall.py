@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextledger import Ledger
+from contextledger.core.chain import GENESIS_HASH, make_event
 from contextledger.core.events import MessageAppended, SessionCreated
 from contextledger.session import Session
 from contextledger.store.dsn import asyncpg_dsn
@@ -176,19 +177,46 @@ async def scratch_database() -> AsyncIterator[str]:
         await admin.close()
 
 
+async def _old_session(dsn: str) -> None:
+    """A session with one message, written as an earlier revision's schema holds it: by
+    plain SQL, since today's store speaks only today's schema (it names columns that
+    later migrations add, such as 0013's ``sessions.erased_at``)."""
+    now = datetime.now(UTC)
+    first = make_event("old", 1, SessionCreated(None, {}, {}), GENESIS_HASH, created_at=now)
+    message = MessageAppended({"role": "user", "content": FACT}, 12, False, "chars")
+    second = make_event("old", 2, message, first.hash, created_at=now)
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        async with conn.transaction():
+            await conn.execute(
+                "INSERT INTO contextledger.sessions (session_id, created_at, head, last_hash,"
+                " view_tokens, view_count) VALUES ('old', $1, 2, $2, 12, 1)",
+                now,
+                second.hash,
+            )
+            for e in (first, second):
+                await conn.execute(
+                    "INSERT INTO contextledger.events (session_id, seq, type, version, data,"
+                    " tokens, created_at, hash) VALUES ('old', $1, $2, $3, $4::jsonb, $5, $6, $7)",
+                    e.seq,
+                    e.type,
+                    e.version,
+                    json.dumps(e.payload.to_data()),
+                    e.tokens,
+                    now,
+                    e.hash,
+                )
+    finally:
+        await conn.close()
+
+
 async def test_migration_0003_backfills_existing_events(pg_dsn: str) -> None:
     async with scratch_database() as dsn:
         await upgrade(dsn, "0002_view_generations")
+        await _old_session(dsn)
+        await upgrade(dsn)
         store = await PostgresStore.connect(dsn)
         try:
-            now = datetime.now(UTC)
-            await store.create_session("old", SessionCreated(None, {}, {}), created_at=now)
-            await store.append(
-                "old",
-                [MessageAppended({"role": "user", "content": FACT}, 12, False, "chars")],
-                created_at=now,
-            )
-            await upgrade(dsn)
             found = await store.search(
                 "old",
                 QUESTION,
@@ -635,7 +663,7 @@ async def test_a_postings_length_is_the_message_in_tokens_and_0015_sets_the_old_
     """BM25's ``dl`` is a message's length in tokens: a message repeating one sentence
     five times is five times as long, not as long as the sentence (0010 stored the
     distinct lexemes, and such a message outranked the one that said a thing once).
-    0015 sets the rows written before it; its downgrade restores the old lengths."""
+    0015 sets the rows written before it; its downgrade (to 0013) restores the old lengths."""
     from alembic import command
 
     from contextledger.store.migrate import alembic_config
@@ -654,7 +682,7 @@ async def test_a_postings_length_is_the_message_in_tokens_and_0015_sets_the_old_
         try:
             rows = await conn.fetch(lengths)
             assert [(r[1], r[2], r[3]) for r in rows] == [(15, 15, 3), (3, 3, 3)]
-            await asyncio.to_thread(command.downgrade, alembic_config(dsn), "0011")
+            await asyncio.to_thread(command.downgrade, alembic_config(dsn), "0013")
             assert [r[1] for r in await conn.fetch(lengths)] == [3, 3]
             await upgrade(dsn)
             assert [r[1] for r in await conn.fetch(lengths)] == [15, 3]
@@ -709,17 +737,7 @@ async def test_migration_0006_moves_the_vectors_and_downgrades(pg_dsn: str) -> N
 
     async with scratch_database() as dsn:
         await upgrade(dsn, "0005")
-        now = datetime.now(UTC)
-        store = await PostgresStore.connect(dsn)
-        try:
-            await store.create_session("old", SessionCreated(None, {}, {}), created_at=now)
-            await store.append(
-                "old",
-                [MessageAppended({"role": "user", "content": FACT}, 12, False, "chars")],
-                created_at=now,
-            )
-        finally:
-            await store.close()
+        await _old_session(dsn)
         vector = "SELECT search::text FROM contextledger.{} WHERE session_id = 'old' AND seq = 2"
         conn = await asyncpg.connect(asyncpg_dsn(dsn))
         try:

@@ -7,7 +7,7 @@ hashes the data exactly as stored (never an upcast of it), so old events verify.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from json.encoder import encode_basestring
@@ -18,6 +18,8 @@ from contextledger.core.events import Event, Payload, payload_tokens
 from contextledger.errors import InvalidArgument
 
 GENESIS_HASH = "0" * 64
+#: ``(seq, type, data) -> data as stored``: a session's sealing of content (``make_event``).
+Seal = Callable[[int, str, dict[str, Any]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,11 @@ def make_event(
     *,
     created_at: datetime,
     idempotency_key: str | None = None,
+    seal: Seal | None = None,
 ) -> Event:
+    """The hashed event of ``payload`` at ``seq``. ``seal`` (a session's data key, see
+    ``store/sealing.py``) turns the data into the form stored: the hash covers that form,
+    so the chain verifies after the key is gone."""
     if created_at.tzinfo is None:
         raise ValueError(
             "created_at must be timezone-aware (a naive time hashes differently "
@@ -137,6 +143,8 @@ def make_event(
         )
     tokens = payload_tokens(payload)
     data = payload.to_data()
+    if seal is not None:
+        data = seal(seq, payload.TYPE, data)
     floats = has_float(data)
     data_json = canonical_json(data, floats=floats)
     digest = chain_hash(
@@ -160,6 +168,7 @@ def make_event(
         digest,
         tokens,
         idempotency_key,
+        data=data if seal is not None else None,
         encoded=None if floats else data_json,
     )
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from contextledger.core.chain import make_event
+from contextledger.core.chain import Seal, make_event
 from contextledger.core.events import (
     CheckpointCreated,
     CompactionApplied,
@@ -211,6 +211,7 @@ def record_events(
     created_at: datetime,
     idempotency_key: str | None,
     state_at: Callable[[int], ViewState] | None,
+    seal: Seal | None = None,
 ) -> Recorded:
     """Turn payloads into hashed events and the state they lead to (pure).
 
@@ -239,6 +240,7 @@ def record_events(
             prev_hash,
             created_at=created_at,
             idempotency_key=key,
+            seal=seal,
         )
         state = apply(state, event, at)
         reached[event.seq] = state

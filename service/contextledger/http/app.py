@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from contextledger.errors import ConfigError
-from contextledger.http import audit, ops, problems, proxy, rest
+from contextledger.http import audit, ops, problems, proxy, rest, schedule
 from contextledger.http.guard import Guard
 from contextledger.http.lane import Lane
 from contextledger.http.metrics import Metrics
@@ -91,13 +91,28 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     tenants.on_session.append(metrics.watch)
     relay = Relay(settings)  # the proxy's client for an OpenAI-compatible upstream
 
+    policies = schedule.policies_of(settings.retention)
+    if settings.retention_interval <= 0:
+        raise ConfigError("retention_interval must be > 0 seconds", key="retention_interval")
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await tenants.start()
+        scheduled = (
+            asyncio.create_task(
+                schedule.run_retention(
+                    tenants, policies, settings.retention_interval, app.state.stopping
+                )
+            )
+            if policies
+            else None
+        )
         try:
             yield
         finally:
             app.state.stopping.set()
+            if scheduled is not None:
+                await scheduled  # a pass in progress finishes its current session
             await tenants.close()  # in-flight appends finish: each ledger waits for its own
             await relay.close()
 

@@ -26,6 +26,9 @@ STATUS: dict[type[e.ContextLedgerError], int] = {
     e.StoreError: 503,
     e.IntegrityFailure: 500,
     e.MissingExtra: 500,
+    # leaves whose status is not their group's
+    e.SessionErased: 410,  # gone for good, not "no such session"
+    e.KeyUnavailable: 503,  # the operator's key configuration, not the caller's input
 }
 #: ``Retry-After`` (seconds) on a 503 whose error is retryable (the store is briefly
 #: away, a summarizer model failed): short, as a pool reconnects within a second or two.

@@ -20,7 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from contextledger import Checkpoint, Event, Session, SessionInfo, VerifyReport
 from contextledger.core.messages import validate_message
 from contextledger.core.shapes import shape_of
-from contextledger.errors import ContextLedgerError, InvalidArgument, SessionExists, SessionNotFound
+from contextledger.errors import (
+    ContextLedgerError,
+    InvalidArgument,
+    SessionErased,
+    SessionExists,
+    SessionNotFound,
+)
 from contextledger.http.auth import current_tenant, tenant_for
 from contextledger.http.guard import check_posted_config
 from contextledger.http.problems import Problem
@@ -217,11 +223,23 @@ async def purge_session(
     request: Request,
     tenant: Tenant,
     reason: Annotated[str, Query(min_length=1, max_length=1000)],
+    erase: Annotated[bool, Query()] = False,
+    actor: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
 ) -> dict[str, Any]:
-    """The audited purge: removes the session; who, when and why stay in ``purges``."""
+    """The audited purge: removes the session; who, when and why stay in ``purges``.
+
+    ``erase=true``: erase it instead, by destroying its data key (and its forks with
+    it): the events stay, sealed, so the chain verifies; reads answer 410. ``actor``
+    (on whose behalf) is recorded with the reason. A session written without a data
+    key answers 409 ``SESSION_NOT_ENCRYPTED``: purge it."""
     tenants = tenants_of(request)
     ledger = await tenants.ledger(tenant)
-    await open_session(request, tenant, session_id)  # 404 before anything else
+    await open_session(request, tenant, session_id)  # 404 (410 if erased) before anything else
+    if erase:
+        receipts = await ledger.erase(session_id, reason=reason, actor=actor)
+        for r in receipts:
+            tenants.forget(tenant, r.session_id)
+        return {"session_id": session_id, "erased": [r.to_dict() for r in receipts]}
     events = await ledger.store.purge(session_id, reason)
     tenants.forget(tenant, session_id)
     return {"session_id": session_id, "purged_events": events}
@@ -389,7 +407,12 @@ async def compact(
 
 @router.get("/{session_id}/verify")
 async def verify(session_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
-    session = await open_session(request, tenant, session_id)
+    """Walk the chain; an erased session's too (it hashes the sealed form it keeps)."""
+    try:
+        session = await open_session(request, tenant, session_id)
+    except SessionErased:
+        ledger = await tenants_of(request).ledger(tenant)
+        return verify_out(await ledger.verify(session_id))
     return verify_out(await session.verify())
 
 

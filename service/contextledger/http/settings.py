@@ -123,6 +123,15 @@ class Settings:
         "Bearer token /metrics asks for. Without one, /metrics answers only a service bound "
         "to loopback (it names every tenant).",
     )
+    #: Tenant -> retention policy, applied on a schedule (``retention.py``); none: off.
+    retention: Mapping[str, Mapping[str, int]] = field(
+        default_factory=dict,
+        metadata={
+            "help": 'JSON object: tenant -> {"erase_after_days": N, "purge_after_days": M}, '
+            "applied every retention_interval seconds (off when empty)."
+        },
+    )
+    retention_interval: float = _knob(3600.0, "Seconds between two runs of the retention policies.")
     log_format: str | None = None
     key_cache_seconds: float = _knob(
         5.0, "Seconds a verified API key (or the local-mode check) is trusted."
@@ -191,6 +200,8 @@ def _parse(name: str, kind: str, raw: str) -> Any:
             return float(raw)
         if kind == "bool":
             return raw.strip().lower() in ("1", "true", "yes", "on")
+        if name == "retention":
+            return parse_retention(raw)
         if kind.startswith("Mapping"):
             loaded = json.loads(raw)
             if not isinstance(loaded, dict):
@@ -203,6 +214,13 @@ def _parse(name: str, kind: str, raw: str) -> Any:
         return raw
     except ValueError as exc:
         raise ConfigError(f"{ENV_PREFIX}{name.upper()}: {exc}", key=name) from None
+
+
+def parse_retention(raw: str) -> dict[str, dict[str, int]]:
+    """``{"tenant": {"erase_after_days": N, ...}, ...}``, each policy validated."""
+    from contextledger.retention import policies_from_json
+
+    return {t: p.to_dict() for t, p in policies_from_json(raw).items()}
 
 
 def parse_fallbacks(raw: str) -> tuple[str | Fallback, ...]:

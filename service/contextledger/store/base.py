@@ -38,6 +38,10 @@ class SessionInfo:
     last_hash: str
     view_tokens: int
     view_count: int
+    #: When the session was erased (its data key destroyed), else None.
+    erased_at: datetime | None = None
+    #: Whether its content is sealed under a data key of its own (erasable).
+    sealed: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,33 @@ class RebuildReport:
     def ok(self) -> bool:
         """No difference: the stored view is what the events say."""
         return not self.differences
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """The audit record of one erasure: no content, only who, what, when and why."""
+
+    session_id: str
+    erased_at: datetime
+    erased_by: str
+    actor: str | None
+    reason: str
+    events: int
+    last_hash: str
+    #: Derived rows removed, per kind (view, branch, postings, embeddings).
+    removed: Mapping[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "erased_at": self.erased_at.isoformat(),
+            "erased_by": self.erased_by,
+            "actor": self.actor,
+            "reason": self.reason,
+            "events": self.events,
+            "last_hash": self.last_hash,
+            "removed": dict(self.removed),
+        }
 
 
 class Store(abc.ABC):
@@ -324,9 +355,31 @@ class Store(abc.ABC):
         """``(open, idle)`` database connections of this store (None: it has none)."""
         return None
 
+    async def erase(self, session_id: str, reason: str, *, actor: str | None = None) -> Erasure:
+        """Destroy the session's data key and every derived plaintext copy (view rows,
+        search postings, embeddings, caches); record who erased it, when and why. The
+        events stay, sealed, so ``verify`` passes; reads raise ``SessionErased``.
+        ``SessionNotEncrypted`` for a session written without a data key (use ``purge``)."""
+        raise NotImplementedError(f"the {self.kind} store cannot erase")
+
+    async def erasures(self) -> list[Erasure]:
+        """The audit records of every erasure, oldest first."""
+        return []
+
     async def verify(self, session_id: str) -> VerifyReport:
         """Walk the hash chain up to the head read first (``core.chain.verify_chain``)."""
-        info = await self.session_info(session_id)
+        info = await self.chain_info(session_id)
         # up to the head we read: a writer appending meanwhile is not "extra events"
-        events = [e async for e in self.read_events(session_id, 1, info.head)]
+        events = [e async for e in self.stored_events(session_id, 1, info.head)]
         return verify_chain(session_id, events, info.head, info.last_hash)
+
+    async def chain_info(self, session_id: str) -> SessionInfo:
+        """``session_info``, also of an erased session (what ``verify`` walks to)."""
+        return await self.session_info(session_id)
+
+    def stored_events(
+        self, session_id: str, from_seq: int = 1, to_seq: int | None = None
+    ) -> AsyncIterator[Event]:
+        """``read_events``, also of an erased session: data as stored (sealed), the
+        payload decoded from it (content unreadable without the key)."""
+        return self.read_events(session_id, from_seq, to_seq)

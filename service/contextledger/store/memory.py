@@ -13,13 +13,14 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from contextledger.core.chain import GENESIS_HASH, make_event
+from contextledger.core.chain import GENESIS_HASH, Seal, make_event
 from contextledger.core.events import (
     CheckpointCreated,
     Event,
     MessageAppended,
     Payload,
     SessionCreated,
+    decode,
 )
 from contextledger.core.projection import (
     ViewState,
@@ -35,10 +36,20 @@ from contextledger.core.view import ViewItem
 from contextledger.errors import (
     IdempotencyConflict,
     InvalidArgument,
+    SessionErased,
     SessionExists,
+    SessionNotEncrypted,
     SessionNotFound,
 )
-from contextledger.store.base import AppendResult, Checkpoint, RebuildReport, SessionInfo, Store
+from contextledger.store.base import (
+    AppendResult,
+    Checkpoint,
+    Erasure,
+    RebuildReport,
+    SessionInfo,
+    Store,
+)
+from contextledger.store.sealing import KeyRing, Sealer
 
 if TYPE_CHECKING:
     from contextledger.store.lexical import Lexer
@@ -144,16 +155,76 @@ def _creation(info: SessionInfo) -> tuple[datetime, str]:
 class MemoryStore(Store):
     kind = "memory"
 
-    def __init__(self) -> None:
+    def __init__(self, *, keyring: KeyRing | None = None) -> None:
         self._streams: dict[str, _Stream] = {}
         self._purges: list[dict[str, Any]] = []
+        #: With a keyring, each new session's content is sealed under a data key of its
+        #: own, kept here (in memory: nothing to wrap); erasing drops it.
+        self._keyring = keyring
+        self._sealers: dict[str, Sealer] = {}
+        #: Erased sessions: their sealed events and chain, nothing readable.
+        self._erased: dict[str, _Stream] = {}
+        self._erasures: list[Erasure] = []
+
+    async def erase(self, session_id: str, reason: str, *, actor: str | None = None) -> Erasure:
+        if not reason.strip():
+            raise InvalidArgument("an erasure needs a non-blank reason", field="reason")
+        stream = self._get(session_id)
+        if session_id not in self._sealers:
+            raise SessionNotEncrypted(
+                f"session {session_id!r} was written without a data key: it cannot be "
+                "erased by destroying one. Remove it with the audited purge "
+                f"(`contextledger purge {session_id} --reason ...`).",
+                session_id=session_id,
+            )
+        del self._sealers[session_id]
+        # keep only what was stored: sealed data, hashes; the payloads are decoded from
+        # the sealed data, so no plaintext stays reachable from the store
+        sealed = [
+            replace(e, payload=decode(e.type, e.version, e.data or {})) for e in stream.events
+        ]
+        removed = {
+            "view": len(stream.view),
+            "branch": len(stream.branch),
+            "postings": sum(len(p.counts) for p in stream.search.values()),
+            "embeddings": 0,
+        }
+        now = datetime.now(UTC)
+        info = replace(stream.info, erased_at=now, config={}, metadata={})
+        self._erased[session_id] = _Stream(info, sealed)
+        del self._streams[session_id]
+        receipt = Erasure(
+            session_id, now, "memory", actor, reason, len(sealed), info.last_hash, removed
+        )
+        self._erasures.append(receipt)
+        return receipt
+
+    async def erasures(self) -> list[Erasure]:
+        return list(self._erasures)
+
+    async def chain_info(self, session_id: str) -> SessionInfo:
+        if session_id in self._erased:
+            return self._erased[session_id].info
+        return await self.session_info(session_id)
+
+    async def stored_events(
+        self, session_id: str, from_seq: int = 1, to_seq: int | None = None
+    ) -> AsyncIterator[Event]:
+        stream = self._erased.get(session_id) or self._get(session_id)
+        for event in list(stream.events):
+            if event.seq >= from_seq and (to_seq is None or event.seq <= to_seq):
+                yield event
 
     async def purge(self, session_id: str, reason: str) -> int:
         """The audited purge, as PostgreSQL's: the session goes, the record of it stays."""
         if not reason.strip():
             raise InvalidArgument("a purge needs a non-blank reason", field="reason")
-        stream = self._get(session_id)
-        del self._streams[session_id]
+        if session_id in self._erased:  # an erased session may still be purged
+            stream = self._erased.pop(session_id)
+        else:
+            stream = self._get(session_id)
+            del self._streams[session_id]
+            self._sealers.pop(session_id, None)
         self._purges.append(
             {
                 "session_id": session_id,
@@ -174,13 +245,21 @@ class MemoryStore(Store):
         try:
             return self._streams[session_id]
         except KeyError:
+            if session_id in self._erased:
+                raise SessionErased(
+                    f"session {session_id!r} was erased: its content is gone for good",
+                    session_id=session_id,
+                ) from None
             raise SessionNotFound.for_session(session_id) from None
 
     async def create_session(
         self, session_id: str, payload: SessionCreated, *, created_at: datetime
     ) -> SessionInfo:
-        if session_id in self._streams:
+        if session_id in self._streams or session_id in self._erased:
             raise SessionExists(f"session {session_id!r} already exists", session_id=session_id)
+        if self._keyring is not None:
+            sealer, _, _ = self._keyring.new_key(tenant="local", session_id=session_id)
+            self._sealers[session_id] = sealer
         event = make_event(session_id, 1, payload, GENESIS_HASH, created_at=created_at)
         event = replace(event, data=copy.deepcopy(event.payload.to_data()), position=1)
         state = apply(ViewState(), event)
@@ -194,6 +273,7 @@ class MemoryStore(Store):
             event.hash,
             0,
             0,
+            sealed=self._keyring is not None,
         )
         self._streams[session_id] = _Stream(info, [event], state)
         return info
@@ -204,7 +284,8 @@ class MemoryStore(Store):
     async def list_sessions(
         self, *, after: tuple[datetime, str] | None = None, limit: int | None = None
     ) -> list[SessionInfo]:
-        infos = sorted((s.info for s in self._streams.values()), key=_creation)
+        streams = [*self._streams.values(), *self._erased.values()]
+        infos = sorted((s.info for s in streams), key=_creation)
         if after is not None:
             infos = [i for i in infos if _creation(i) > after]
         return infos if limit is None else infos[:limit]
@@ -242,8 +323,10 @@ class MemoryStore(Store):
             ),
             expected_seq=expected_seq,
         )
+        sealer = self._sealers.get(session_id)
+        seal = sealer.seal if sealer is not None else None
         if all(isinstance(p, MessageAppended) for p in payloads):
-            events = self._append_messages(stream, payloads, created_at, idempotency_key)
+            events = self._append_messages(stream, payloads, created_at, idempotency_key, seal)
         else:
             step = record_events(
                 stream.current(),
@@ -253,6 +336,7 @@ class MemoryStore(Store):
                 created_at=created_at,
                 idempotency_key=idempotency_key,
                 state_at=lambda seq: fold(stream.events, until=seq),
+                seal=seal,
             )
             events = list(step.events)
             stream.adopt(step.state)
@@ -260,7 +344,11 @@ class MemoryStore(Store):
             stream.events.append(
                 replace(
                     event,
-                    data=copy.deepcopy(event.payload.to_data()),
+                    data=(
+                        event.data
+                        if event.data is not None
+                        else copy.deepcopy(event.payload.to_data())
+                    ),
                     position=len(stream.events) + 1,
                 )
             )
@@ -290,6 +378,7 @@ class MemoryStore(Store):
         payloads: Sequence[Payload],
         created_at: datetime,
         key: str | None,
+        seal: Seal | None = None,
     ) -> list[Event]:
         """The fast path, as in PostgreSQL: hash, then add each item to branch and view."""
         events: list[Event] = []
@@ -304,6 +393,7 @@ class MemoryStore(Store):
                 prev,
                 created_at=created_at,
                 idempotency_key=key if n == len(payloads) - 1 else None,
+                seal=seal,
             )
             item = message_item(seq, payload)
             stream.branch.append(item)
@@ -429,3 +519,5 @@ class MemoryStore(Store):
 
     async def close(self) -> None:
         self._streams.clear()
+        self._sealers.clear()  # the data keys go with the process's store
+        self._erased.clear()

@@ -50,8 +50,10 @@ from contextledger.store.postgres.statements import (
     EVENT_COLUMNS,
     READ_VIEW,
     S,
+    _erased,
     _event,
     _item,
+    _stored,
 )
 from contextledger.store.postgres.tips import ChainTips
 
@@ -160,11 +162,15 @@ class Appends(ChainTips):
                 )
                 checked = (head, last_hash)
             event = make_event(
-                session_id, head + 1, payload, last_hash, created_at=created_at, idempotency_key=key
+                session_id,
+                head + 1,
+                payload,
+                last_hash,
+                created_at=created_at,
+                idempotency_key=key,
+                seal=await self._seal(session_id),  # kept: a dict lookup; fresh after a move
             )
-            data_json = (
-                event.encoded.decode() if event.encoded is not None else dumps(payload.to_data())
-            )
+            data_json = event.encoded.decode() if event.encoded is not None else _stored(event)
             try:
                 view_tokens = await self._batcher.submit(
                     (
@@ -229,6 +235,7 @@ class Appends(ChainTips):
                     )
             events: list[Event] = []
             prev = last_hash
+            seal = await self._seal(session_id)
             for n, payload in enumerate(payloads):
                 event = make_event(
                     session_id,
@@ -237,6 +244,7 @@ class Appends(ChainTips):
                     prev,
                     created_at=created_at,
                     idempotency_key=key if n == len(payloads) - 1 else None,
+                    seal=seal,
                 )
                 events.append(event)
                 prev = event.hash
@@ -247,10 +255,7 @@ class Appends(ChainTips):
                     head,
                     [e.seq for e in events],
                     [e.version for e in events],
-                    [
-                        e.encoded.decode() if e.encoded is not None else dumps(e.payload.to_data())
-                        for e in events
-                    ],
+                    [e.encoded.decode() if e.encoded is not None else _stored(e) for e in events],
                     [e.tokens for e in events],
                     created_at,
                     [e.hash for e in events],
@@ -278,7 +283,11 @@ class Appends(ChainTips):
             key,
         )
         assert row is not None
-        if json.loads(row[1]) != data:
+        sealer = await self._sealer(session_id)
+        stored = json.loads(row[1])
+        if sealer is not None:
+            stored = sealer.open(row[0], "message.appended", stored)
+        if stored != data:
             raise IdempotencyConflict(
                 f"idempotency key {key!r} was used for a different event (seq {row[0]})", seq=row[0]
             )
@@ -298,22 +307,29 @@ class Appends(ChainTips):
     ) -> AppendResult:
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
-                f"SELECT head, last_hash, model, config::text, view_gen, view_base, branch_base"
-                f" FROM {S}.sessions WHERE session_id = $1 FOR UPDATE",
+                f"SELECT head, last_hash, model, config::text, view_gen, view_base, branch_base,"
+                f" erased_at FROM {S}.sessions WHERE session_id = $1 FOR UPDATE",
                 session_id,
             )
             if row is None:
                 raise SessionNotFound.for_session(session_id)
+            if row[7] is not None:
+                self._forget(session_id)
+                raise _erased(session_id)
+            sealer = await self._sealer(session_id, conn=conn, fresh=True)
             head, last_hash = row[0], row[1]
             if key is not None:
                 dup = await conn.fetchrow(
-                    f"SELECT seq, data::text FROM {S}.events WHERE session_id = $1"
+                    f"SELECT seq, data::text, type FROM {S}.events WHERE session_id = $1"
                     " AND idempotency_key = $2",
                     session_id,
                     key,
                 )
                 if dup is not None:
-                    if json.loads(dup[1]) != payloads[-1].to_data():
+                    was = json.loads(dup[1])
+                    if sealer is not None:
+                        was = sealer.open(dup[0], dup[2], was)
+                    if was != payloads[-1].to_data():
                         raise IdempotencyConflict(
                             f"idempotency key {key!r} was used for a different event "
                             f"(seq {dup[0]})",
@@ -321,7 +337,7 @@ class Appends(ChainTips):
                         )
                     return AppendResult((dup[0],), True)
             await self._check_target(conn, session_id, head, last_hash, known, expected_seq)
-            view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
+            view = tuple(_item(r, sealer) for r in await conn.fetch(READ_VIEW, session_id))
             state = ViewState(head=head, view=view, model=row[2], config=json.loads(row[3]))
             history: list[Event] | None = None
 
@@ -331,7 +347,7 @@ class Appends(ChainTips):
 
             if any(p.TYPE == "session.rolled_back" for p in payloads):
                 history = [
-                    _event(session_id, r)
+                    _event(session_id, r, sealer)
                     for r in await conn.fetch(
                         f"SELECT {EVENT_COLUMNS} FROM {S}.events"
                         " WHERE session_id = $1 ORDER BY seq",
@@ -346,6 +362,7 @@ class Appends(ChainTips):
                 created_at=created_at,
                 idempotency_key=key,
                 state_at=state_at if history else None,
+                seal=sealer.seal if sealer is not None else None,
             )
             await conn.executemany(
                 f"INSERT INTO {S}.events (session_id, seq, type, version, data, tokens,"
@@ -356,7 +373,7 @@ class Appends(ChainTips):
                         e.seq,
                         e.type,
                         e.version,
-                        dumps(e.payload.to_data()),
+                        _stored(e),
                         e.tokens,
                         e.created_at,
                         e.idempotency_key,

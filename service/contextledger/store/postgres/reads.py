@@ -16,7 +16,6 @@ from contextledger.store.base import (
     ViewTail,
 )
 from contextledger.store.errors import translated, translated_iter
-from contextledger.store.postgres.connections import Connections
 from contextledger.store.postgres.statements import (
     _TAIL_ROW,
     BRANCH_SEQ,
@@ -30,22 +29,26 @@ from contextledger.store.postgres.statements import (
     _is_result,
     _item,
 )
+from contextledger.store.postgres.tips import ChainTips
+from contextledger.store.sealing import is_sealed_message
 
 
-class Reads(Connections):
+class Reads(ChainTips):
     """Reads of the view, its tail, the branch and the events."""
 
     @translated
     async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
+        sealer = await self._sealer(session_id, fresh=True)
         rows = await self._pool.fetch(READ_VIEW, session_id)
         if not rows:
             await self.session_info(session_id)  # raises SessionNotFound
-        return tuple(_item(r) for r in rows)
+        return tuple(_item(r, sealer) for r in rows)
 
     @translated
     async def read_view_tail(self, session_id: str, max_tokens: int) -> ViewTail:
         """The tail of the view from the end, a page at a time (primary-key range scans):
         O(max_tokens) rows, whatever the history; then the pinned items before it."""
+        sealer = await self._sealer(session_id, fresh=True)
         async with (
             self._pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
@@ -73,7 +76,7 @@ class Reads(Connections):
                         cursor,
                     )
                     for r in rows:
-                        yield _item(r)
+                        yield _item(r, sealer)
                     if len(rows) < 128:
                         break
                     cursor = rows[-1][1]
@@ -123,9 +126,9 @@ class Reads(Connections):
                 LAST_USERS,
             )
         human = next(
-            (i for i in map(_item, user_rows) if is_human_turn(i.message)), None
+            (i for i in (_item(r, sealer) for r in user_rows) if is_human_turn(i.message)), None
         )  # newest first
-        found = {i.ref: i for i in map(_item, pinned_rows)}
+        found = {i.ref: i for i in (_item(r, sealer) for r in pinned_rows)}
         if human is not None:
             found.setdefault(human.ref, human)
         pinned = tuple(sorted(found.values(), key=lambda i: i.ord))
@@ -133,10 +136,19 @@ class Reads(Connections):
 
     @translated
     async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
+        sealer = await self._sealer(session_id, fresh=True)
         rows = await self._pool.fetch(READ_BRANCH, session_id)
         if not rows:
             await self.session_info(session_id)
-        return [json.loads(r[1]) for r in rows]
+        messages = [json.loads(r[1]) for r in rows]
+        if sealer is None:
+            return messages
+        return [
+            sealer.open_message(r[2], m, part=r[3] if r[4] == "messages.replaced" else None)
+            if is_sealed_message(m)
+            else m
+            for r, m in zip(rows, messages, strict=True)
+        ]
 
     @translated
     async def branch_seq(self, session_id: str, index: int) -> int | None:
@@ -155,7 +167,9 @@ class Reads(Connections):
         to_seq: int | None = None,
         *,
         page: int = 2000,
+        opened: bool = True,
     ) -> AsyncIterator[Event]:
+        sealer = await self._sealer(session_id, fresh=True) if opened else None
         upper = to_seq if to_seq is not None else 2**62
         cursor = from_seq
         while True:
@@ -168,7 +182,7 @@ class Reads(Connections):
                 page,
             )
             for row in rows:
-                yield _event(session_id, row)
+                yield _event(session_id, row, sealer)
             if len(rows) < page:
                 return
             cursor = rows[-1][0] + 1

@@ -452,7 +452,10 @@ class Search(ChainTips):
         hop: bool = False,
     ) -> list[asyncpg.Record]:
         """The search's rows, best first: (seq, rank, message JSON, tokens, created_at);
-        a second hop's after them with negated ranks, then neighbours with rank 0."""
+        a second hop's after them with negated ranks, then neighbours with rank 0.
+        A sealed session is not searched: its postings would be lexemes of ciphertext."""
+        if await self._sealer(session_id) is not None:
+            return []
         gaps = gate_gaps(upto_seq, exclude)
         closed = self._closed.get(session_id) if branch is None else None
         start = self._heads.get(session_id)

@@ -6,16 +6,20 @@ The search's SQL is in ``search.py``, the embeddings' in ``vectors.py``.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import asyncpg
 import structlog
 
+from contextledger.core.encoding import dumps
 from contextledger.core.events import Event, decode
 from contextledger.core.units import result_ids
 from contextledger.core.view import ORD_STRIDE, ViewItem
+from contextledger.errors import SessionErased, SessionNotEncrypted
 from contextledger.store.base import (
     SessionInfo,
 )
+from contextledger.store.sealing import Sealer, is_sealed_message
 
 log = structlog.get_logger(__name__)
 S = "contextledger"
@@ -25,7 +29,7 @@ APPEND_MESSAGE = f"""
 WITH s AS (
     UPDATE {S}.sessions
        SET head = $2, last_hash = $8, view_tokens = view_tokens + $5, view_count = view_count + 1
-     WHERE session_id = $1 AND head = $2::bigint - 1 AND last_hash = $9
+     WHERE session_id = $1 AND head = $2::bigint - 1 AND last_hash = $9 AND erased_at IS NULL
  RETURNING view_tokens
 ), e AS (
     INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
@@ -50,6 +54,7 @@ WITH i AS (
            view_count = x.view_count + 1
       FROM i JOIN l ON l.session_id = i.session_id
      WHERE x.session_id = i.session_id AND x.head = i.seq - 1 AND x.last_hash = i.prev
+       AND x.erased_at IS NULL
  RETURNING x.session_id, x.head, x.view_tokens
 ), e AS (
     INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
@@ -68,7 +73,7 @@ WITH s AS (
     UPDATE {S}.sessions
        SET head = $2::bigint + cardinality($3::bigint[]), last_hash = $9,
            view_tokens = view_tokens + $10, view_count = view_count + cardinality($3::bigint[])
-     WHERE session_id = $1 AND head = $2 AND last_hash = $12
+     WHERE session_id = $1 AND head = $2 AND last_hash = $12 AND erased_at IS NULL
  RETURNING view_tokens
 ), e AS (
     INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
@@ -82,7 +87,8 @@ SELECT view_tokens FROM s
 
 SESSION_COLUMNS = (
     "session_id, created_at, model, config::text, metadata::text, head, "
-    "last_hash, view_tokens, view_count"
+    "last_hash, view_tokens, view_count, erased_at, "
+    f"EXISTS (SELECT 1 FROM {S}.session_keys k WHERE k.session_id = sessions.session_id)"
 )
 VIEW_COLUMNS = "ord, seq, part, kind, message::text, tokens, critical"
 #: A message event in the implicit tail, in the same columns as a view_items row.
@@ -110,12 +116,12 @@ SELECT {_TAIL_ROW} FROM {S}.events e
 ORDER BY 1"""
 READ_BRANCH = f"""
 SELECT ord, (CASE WHEN e.type = 'messages.replaced' THEN e.data -> 'messages' -> b.part
-                  ELSE e.data -> 'message' END)::text
+                  ELSE e.data -> 'message' END)::text, e.seq, b.part, e.type
   FROM {S}.branch_items b
   JOIN {S}.events e ON e.session_id = b.session_id AND e.seq = b.seq
  WHERE b.session_id = $1
 UNION ALL
-SELECT e.seq * {ORD_STRIDE}, (e.data -> 'message')::text FROM {S}.events e
+SELECT e.seq * {ORD_STRIDE}, (e.data -> 'message')::text, e.seq, 0, e.type FROM {S}.events e
  WHERE e.session_id = $1 AND e.seq > {_BRANCH_BASE} AND e.type = 'message.appended'
 ORDER BY 1"""
 READ_BRANCH_REFS = f"""
@@ -145,30 +151,45 @@ def _info(row: asyncpg.Record) -> SessionInfo:
         row[6],
         row[7],
         row[8],
+        row[9],
+        row[10],
     )
 
 
-def _item(row: asyncpg.Record) -> ViewItem:
+def _item(row: asyncpg.Record, sealer: Sealer | None = None) -> ViewItem:
+    message = json.loads(row[4])
+    if sealer is not None and is_sealed_message(message):
+        message = sealer.open_message(row[1], message)  # a tail row: a message event's
     return ViewItem(
         ref=(row[1], row[2]),
         ord=row[0],
-        message=json.loads(row[4]),
+        message=message,
         tokens=row[5],
         critical=row[6],
         kind=row[3],
     )
 
 
+def _opened(seq: int, message: Any, sealer: Sealer | None) -> Any:
+    """A message read by SQL from a ``message.appended`` event, opened if sealed."""
+    if sealer is not None and is_sealed_message(message):
+        return sealer.open_message(seq, message)
+    return message
+
+
 def _is_result(item: ViewItem) -> bool:
     return item.role == "tool" or bool(result_ids(item.message))
 
 
-def _event(session_id: str, row: asyncpg.Record) -> Event:
+def _event(session_id: str, row: asyncpg.Record, sealer: Sealer | None = None) -> Event:
+    """An event as stored; with the session's sealer its payload is the opened data
+    (without one, a sealed event's payload holds only the sealed form)."""
     data = json.loads(row[4])
+    readable = sealer.open(row[0], row[2], data) if sealer is not None else data
     return Event(
         session_id,
         row[0],
-        decode(row[2], row[3], data),
+        decode(row[2], row[3], readable),
         row[6],
         row[8],
         row[5],
@@ -176,4 +197,31 @@ def _event(session_id: str, row: asyncpg.Record) -> Event:
         row[1],
         data,
         row[3],
+    )
+
+
+def _stored(event: Event) -> str:
+    """An event's data as stored (sealed, for a sealed session) in wire JSON."""
+    return dumps(event.data if event.data is not None else event.payload.to_data())
+
+
+#: The SQLSTATEs ``erase_session`` raises (migration 0013).
+ERASED_STATE = "CL001"
+NOT_SEALED_STATE = "CL002"
+
+
+def _erased(session_id: str) -> SessionErased:
+    return SessionErased(
+        f"session {session_id!r} was erased: its content is gone for good "
+        "(`contextledger erasures` says who erased it, when and why)",
+        session_id=session_id,
+    )
+
+
+def _not_sealed(session_id: str) -> SessionNotEncrypted:
+    return SessionNotEncrypted(
+        f"session {session_id!r} was written without a data key: it cannot be erased by "
+        "destroying one. Remove it with the audited purge "
+        f"(`contextledger purge {session_id} --reason ...`).",
+        session_id=session_id,
     )

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import weakref
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -13,7 +15,7 @@ import structlog
 
 from contextledger.core.chain import GENESIS_HASH, make_event
 from contextledger.core.encoding import dumps
-from contextledger.core.events import SessionCreated
+from contextledger.core.events import Event, SessionCreated
 from contextledger.core.projection import (
     compare_rows,
     fold,
@@ -21,11 +23,13 @@ from contextledger.core.projection import (
 from contextledger.errors import (
     ConfigError,
     InvalidArgument,
+    KeyUnavailable,
     SessionExists,
     SessionNotFound,
 )
 from contextledger.store.base import (
     Checkpoint,
+    Erasure,
     RebuildReport,
     SessionInfo,
 )
@@ -37,18 +41,23 @@ from contextledger.store.postgres.connections import _SEARCH_CONNECTION, _keep_s
 from contextledger.store.postgres.reads import Reads
 from contextledger.store.postgres.search import Search
 from contextledger.store.postgres.statements import (
+    ERASED_STATE,
     EVENT_COLUMNS,
+    NOT_SEALED_STATE,
     READ_BRANCH_REFS,
     READ_VIEW,
     SESSION_COLUMNS,
     S,
+    _erased,
     _event,
     _info,
     _item,
+    _not_sealed,
 )
 from contextledger.store.postgres.tips import _ClosedGate
 from contextledger.store.postgres.vectors import Vectors
 from contextledger.store.scoped import TENANT_SETTING, TenantConnection, scoped
+from contextledger.store.sealing import KEK_ENV, KeyRing, Sealer
 
 log = structlog.get_logger(__name__)
 
@@ -64,8 +73,15 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         *,
         hot_connections: int = 4,
         search_pool: asyncpg.Pool | None = None,
+        keyring: KeyRing | None = None,
+        tenant: str = "local",
     ) -> None:
         self._pool = pool
+        #: KEKs that wrap new sessions' data keys; the tenant binds them (sealing.py).
+        self._keyring = keyring
+        self._tenant = tenant
+        #: Each session's sealer (None: written in clear), as appends last used it.
+        self._sealers: dict[str, Sealer | None] = {}
         self._search_pool = search_pool  # live searches (``_SEARCH_CONNECTION``), if any
         self._search_refused_at: float | None = None  # when the server last refused it one
         self._dsn = dsn
@@ -102,6 +118,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         tenant: str | None = None,
         role: str | None = None,
         pgbouncer: bool = False,
+        keyring: KeyRing | None = None,
     ) -> PostgresStore:
         """``tenant`` scopes every transaction to that tenant's rows: ``set_config(
         'contextledger.tenant', tenant, true)`` at its start (``store/scoped.py``; the
@@ -174,15 +191,35 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             typed.args = (f"cannot connect to {redact(dsn)}: {typed.args[0]}",)
             raise typed from exc
         assert pool is not None and search_pool is not None
-        return cls(pool, dsn, hot_connections=max_size // 2, search_pool=search_pool)
+        return cls(
+            pool,
+            dsn,
+            hot_connections=max_size // 2,
+            search_pool=search_pool,
+            keyring=keyring,
+            tenant=tenant or "local",
+        )
 
     @translated
     async def create_session(
         self, session_id: str, payload: SessionCreated, *, created_at: datetime
     ) -> SessionInfo:
         event = make_event(session_id, 1, payload, GENESIS_HASH, created_at=created_at)
+        sealer: Sealer | None = None
         try:
             async with self._pool.acquire() as conn, conn.transaction():
+                if self._keyring is not None:
+                    sealer, kid, wrapped = self._keyring.new_key(
+                        tenant=self._tenant, session_id=session_id
+                    )
+                    # a taken id fails on the key's primary key as on the session's
+                    await conn.execute(
+                        f"INSERT INTO {S}.session_keys (session_id, kek_id, wrapped_dek)"
+                        " VALUES ($1, $2, $3)",
+                        session_id,
+                        kid,
+                        wrapped,
+                    )
                 await conn.execute(
                     f"INSERT INTO {S}.sessions (session_id, created_at, model, config, metadata,"
                     " head, last_hash) VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, 1, $6)",
@@ -208,6 +245,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
                 f"session {session_id!r} already exists", session_id=session_id
             ) from None
         self._remember_head(session_id, (1, event.hash))
+        self._sealers[session_id] = sealer
         return SessionInfo(
             session_id,
             created_at,
@@ -218,6 +256,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             event.hash,
             0,
             0,
+            sealed=sealer is not None,
         )
 
     @translated
@@ -228,8 +267,13 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         if row is None:
             raise SessionNotFound.for_session(session_id)
         info = _info(row)
+        if info.erased_at is not None:
+            self._forget(session_id)
+            raise _erased(session_id)
         if self._heads.get(session_id) != (info.head, info.last_hash):
             self._closed.pop(session_id, None)  # another writer moved the chain
+            # (or purged it and made another under the id: never seal with its old key)
+            self._sealers.pop(session_id, None)
         self._remember_head(session_id, (info.head, info.last_hash))
         return info
 
@@ -272,15 +316,16 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             )
             if row is None:
                 raise SessionNotFound.for_session(session_id)
+            sealer = await self._sealer(session_id, conn=conn, fresh=True)
             events = [
-                _event(session_id, r)
+                _event(session_id, r, sealer)
                 for r in await conn.fetch(
                     f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1 ORDER BY seq",
                     session_id,
                 )
             ]
             expected = fold(events)
-            view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
+            view = tuple(_item(r, sealer) for r in await conn.fetch(READ_VIEW, session_id))
             branch = [(r[0], r[1], r[2]) for r in await conn.fetch(READ_BRANCH_REFS, session_id)]
             diffs = compare_rows(expected.view, view, "view")
             if branch != [(i.ord, i.ref[0], i.ref[1]) for i in expected.branch]:
@@ -336,9 +381,99 @@ class PostgresStore(Appends, Reads, Search, Vectors):
                         "a purge needs a non-blank reason", field="reason"
                     ) from None
                 raise
-        self._heads.pop(session_id, None)
-        self._closed.pop(session_id, None)
+        self._forget(session_id)
         return n
+
+    # -- sealing and erasure (store/sealing.py, migration 0013) -----------------------
+
+    @translated
+    async def chain_info(self, session_id: str) -> SessionInfo:
+        row = await self._pool.fetchrow(
+            f"SELECT {SESSION_COLUMNS} FROM {S}.sessions WHERE session_id = $1", session_id
+        )
+        if row is None:
+            raise SessionNotFound.for_session(session_id)
+        return _info(row)
+
+    def stored_events(
+        self, session_id: str, from_seq: int = 1, to_seq: int | None = None
+    ) -> AsyncIterator[Event]:
+        return self.read_events(session_id, from_seq, to_seq, opened=False)
+
+    @translated
+    async def erase(self, session_id: str, reason: str, *, actor: str | None = None) -> Erasure:
+        """One transaction (``erase_session``): the data key destroyed, the derived rows
+        deleted, the audit row written. Then this store forgets the session."""
+        async with self._lock(session_id):
+            try:
+                row = await self._pool.fetchrow(
+                    f"SELECT session_id, erased_at, erased_by, actor, reason, events,"
+                    f" last_hash, removed::text FROM {S}.erase_session($1, $2, $3)",
+                    session_id,
+                    reason,
+                    actor,
+                )
+            except asyncpg.PostgresError as exc:
+                state = getattr(exc, "sqlstate", None)
+                if state == "P0002":
+                    raise SessionNotFound.for_session(session_id) from None
+                if state == ERASED_STATE:
+                    raise _erased(session_id) from None
+                if state == NOT_SEALED_STATE:
+                    raise _not_sealed(session_id) from None
+                if state == "22023":
+                    raise InvalidArgument(
+                        "an erasure needs a non-blank reason", field="reason"
+                    ) from None
+                raise
+            finally:
+                self._forget(session_id)
+        assert row is not None
+        return Erasure(row[0], row[1], row[2], row[3], row[4], row[5], row[6], json.loads(row[7]))
+
+    @translated
+    async def erasures(self) -> list[Erasure]:
+        rows = await self._pool.fetch(
+            f"SELECT session_id, erased_at, erased_by, actor, reason, events, last_hash,"
+            f" removed::text FROM {S}.erasures ORDER BY erased_at, session_id"
+        )
+        return [Erasure(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7])) for r in rows]
+
+    @translated
+    async def rotate_keys(self) -> int:
+        """Re-wrap every live data key not under the primary KEK (one statement per
+        session); returns how many. The old KEK must still be listed to unwrap them."""
+        if self._keyring is None:
+            raise KeyUnavailable(f"no key-encryption key configured (${KEK_ENV})")
+        primary = self._keyring.primary_id
+        ids = await self._pool.fetch(
+            f"SELECT session_id FROM {S}.session_keys"
+            " WHERE kek_id <> $1 AND wrapped_dek IS NOT NULL ORDER BY session_id",
+            primary,
+        )
+        done = 0
+        for (session_id,) in ids:
+            async with self._pool.acquire() as conn, conn.transaction():
+                row = await conn.fetchrow(
+                    f"SELECT kek_id, wrapped_dek FROM {S}.session_keys WHERE session_id = $1"
+                    " FOR UPDATE",
+                    session_id,
+                )
+                if row is None or row[1] is None or row[0] == primary:
+                    continue  # erased, purged or rotated meanwhile
+                dek = self._keyring.unwrap(
+                    row[0], row[1], tenant=self._tenant, session_id=session_id
+                )
+                kid, wrapped = self._keyring.wrap(dek, tenant=self._tenant, session_id=session_id)
+                await conn.execute(
+                    f"UPDATE {S}.session_keys SET kek_id = $2, wrapped_dek = $3,"
+                    " rotated_at = now() WHERE session_id = $1",
+                    session_id,
+                    kid,
+                    wrapped,
+                )
+                done += 1
+        return done
 
     @translated
     async def purges(self) -> list[dict[str, Any]]:

@@ -9,7 +9,13 @@ import asyncio
 import weakref
 from typing import NamedTuple
 
+import asyncpg
+
+from contextledger.core.chain import Seal
+from contextledger.errors import KeyUnavailable
 from contextledger.store.postgres.connections import Connections
+from contextledger.store.postgres.statements import S, _erased
+from contextledger.store.sealing import KEK_ENV, KEK_FILE_ENV, KeyRing, Sealer
 
 #: Chain tips remembered (``_remember_head``): ~200 bytes each.
 MAX_HEADS = 65536
@@ -29,6 +35,11 @@ class ChainTips(Connections):
     _heads: dict[str, tuple[int, str]]
     _locks: weakref.WeakValueDictionary[str, asyncio.Lock]
     _closed: dict[str, _ClosedGate]
+    #: KEKs that wrap new sessions' data keys, the tenant that binds them, and each
+    #: session's sealer as appends last used it (None: written in clear)
+    _keyring: KeyRing | None
+    _tenant: str
+    _sealers: dict[str, Sealer | None]
 
     def _remember_head(self, session_id: str, head: tuple[int, str]) -> None:
         """Note the chain's tip as this store extended it (a miss is one read): the
@@ -63,3 +74,48 @@ class ChainTips(Connections):
                 self._closed[session_id] = closed._replace(tip=tip)
             else:
                 del self._closed[session_id]
+
+    # -- sealing and erasure (store/sealing.py, migration 0013) -----------------------
+
+    def _forget(self, session_id: str) -> None:
+        """Drop what this store keeps of a session (head, gate, data key)."""
+        self._heads.pop(session_id, None)
+        self._closed.pop(session_id, None)
+        self._sealers.pop(session_id, None)
+
+    async def _seal(self, session_id: str) -> Seal | None:
+        sealer = await self._sealer(session_id)
+        return sealer.seal if sealer is not None else None
+
+    async def _sealer(
+        self,
+        session_id: str,
+        *,
+        conn: asyncpg.Connection | None = None,
+        fresh: bool = False,
+    ) -> Sealer | None:
+        """The session's data key, unwrapped (None: written in clear). Appends use the
+        one kept here (the statement itself refuses an erased session); reads of a sealed
+        session ask again (``fresh``), so a key another process destroyed opens nothing."""
+        if session_id in self._sealers and not (fresh and self._sealers[session_id] is not None):
+            return self._sealers[session_id]
+        row = await (conn or self._pool).fetchrow(
+            f"SELECT kek_id, wrapped_dek FROM {S}.session_keys WHERE session_id = $1",
+            session_id,
+        )
+        if row is None:
+            sealer = None
+        elif row[1] is None:
+            self._forget(session_id)
+            raise _erased(session_id)
+        elif self._keyring is None:
+            raise KeyUnavailable(
+                f"session {session_id!r} is sealed and no key-encryption key is configured "
+                f"(${KEK_ENV} or ${KEK_FILE_ENV})",
+                session_id=session_id,
+            )
+        else:
+            dek = self._keyring.unwrap(row[0], row[1], tenant=self._tenant, session_id=session_id)
+            sealer = Sealer(dek, self._tenant, session_id)
+        self._sealers[session_id] = sealer
+        return sealer

@@ -11,10 +11,10 @@ import structlog
 
 from contextledger.core.recall import Recalled
 from contextledger.store.errors import translated
-from contextledger.store.postgres.connections import Connections
 from contextledger.store.postgres.placeholders import bind
 from contextledger.store.postgres.search import _ON_BRANCH, _ON_GIVEN_BRANCH, seq_ranges
-from contextledger.store.postgres.statements import S
+from contextledger.store.postgres.statements import S, _opened
+from contextledger.store.postgres.tips import ChainTips
 
 log = structlog.get_logger(__name__)
 
@@ -51,7 +51,7 @@ SELECT e.seq, (e.data -> 'message')::text, e.tokens, e.created_at FROM {S}.event
  ORDER BY e.seq"""
 
 
-class Vectors(Connections):
+class Vectors(ChainTips):
     """Embeddings stored and searched next to the events."""
 
     _vectors: bool | None
@@ -73,6 +73,8 @@ class Vectors(Connections):
     async def unembedded(
         self, session_id: str, model: str, *, upto_seq: int, first: Collection[int], limit: int
     ) -> list[Recalled]:
+        if await self._sealer(session_id) is not None:
+            return []  # a sealed session's messages are not embedded (docs: erase-and-retention)
         sql, args = bind(
             UNEMBEDDED.format(branch=_ON_BRANCH),
             {"model": model, "upto": upto_seq, "first": sorted(first), "limit": limit},
@@ -139,6 +141,7 @@ class Vectors(Connections):
     ) -> list[Recalled]:
         if not seqs:
             return []
+        sealer = await self._sealer(session_id, fresh=True)
         values: dict[str, Any] = {"seqs": sorted(seqs), "upto": upto_seq}
         if branch is None:
             sql = RECALL_MESSAGES.format(branch=_ON_BRANCH)
@@ -147,4 +150,4 @@ class Vectors(Connections):
             values["branch"] = seq_ranges(branch)
         text, args = bind(sql, values, session_id)
         rows = await self._pool.fetch(text, *args)
-        return [Recalled(r[0], json.loads(r[1]), r[2], r[3]) for r in rows]
+        return [Recalled(r[0], _opened(r[0], json.loads(r[1]), sealer), r[2], r[3]) for r in rows]

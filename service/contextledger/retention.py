@@ -1,0 +1,211 @@
+"""Retention: erase or purge sessions idle longer than a policy allows, each action audited.
+
+A policy is off unless given (nothing is removed by default). ``erase_after_days``
+erases a sealed session (its data key destroyed, its chain kept); ``purge_after_days``
+purges any session, erased or not (its events deleted; a ``purges`` row stays). A
+session's age is its idleness: days since its last event, so a session in use is never
+touched. A dry run (``plan``) lists what would go and why; ``apply`` does it through the
+same audited paths as a person would (``Ledger.erase``, the store's ``purge``), with
+the policy and the idle days in the recorded reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from contextledger.errors import ConfigError, SessionErased, SessionNotFound
+
+if TYPE_CHECKING:
+    from contextledger.ledger import Ledger
+
+#: A century: beyond it a value is a typo, not a policy.
+MAX_DAYS = 36_500
+ACTOR = "retention"
+Action = Literal["erase", "purge", "skip"]
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """How long an idle session may stay: erased after N days, purged after M (M > N)."""
+
+    erase_after_days: int | None = None
+    purge_after_days: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("erase_after_days", "purge_after_days"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DAYS:
+                raise ConfigError(
+                    f"retention.{name} must be a whole number of days, 1..{MAX_DAYS}",
+                    key=f"retention.{name}",
+                )
+        if self.erase_after_days is None and self.purge_after_days is None:
+            raise ConfigError(
+                "a retention policy needs erase_after_days or purge_after_days",
+                key="retention",
+            )
+        if (
+            self.erase_after_days is not None
+            and self.purge_after_days is not None
+            and self.purge_after_days <= self.erase_after_days
+        ):
+            raise ConfigError(
+                "retention.purge_after_days must be later than erase_after_days "
+                "(a purge removes what an erasure keeps)",
+                key="retention.purge_after_days",
+            )
+
+    @classmethod
+    def from_mapping(cls, value: Any) -> RetentionPolicy:
+        """``{erase_after_days: N}`` and/or ``{purge_after_days: M}``; anything else is a
+        ``ConfigError`` naming the key."""
+        if not isinstance(value, Mapping):
+            raise ConfigError("a retention policy is a mapping", key="retention")
+        unknown = sorted(str(k) for k in value if k not in ("erase_after_days", "purge_after_days"))
+        if unknown:
+            raise ConfigError(
+                f"unknown retention setting(s): {', '.join(unknown)} "
+                "(known: erase_after_days, purge_after_days)",
+                key="retention",
+            )
+        return cls(value.get("erase_after_days"), value.get("purge_after_days"))
+
+    def to_dict(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        if self.erase_after_days is not None:
+            out["erase_after_days"] = self.erase_after_days
+        if self.purge_after_days is not None:
+            out["purge_after_days"] = self.purge_after_days
+        return out
+
+
+#: The variable both the service and ``contextledger retention apply`` read.
+ENV = "CONTEXTLEDGER_RETENTION"
+
+
+def policies_from_json(raw: str) -> dict[str, RetentionPolicy]:
+    """``{"tenant": {"erase_after_days": N, "purge_after_days": M}, ...}`` (JSON), each
+    policy validated; the embedded/local ledger's tenant is ``local``."""
+    try:
+        loaded = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        raise ConfigError(f"${ENV} is not JSON", key="retention") from None
+    if not isinstance(loaded, Mapping):
+        raise ConfigError(
+            f"${ENV} is a JSON object: tenant -> policy, e.g. "
+            '{"local": {"erase_after_days": 30}}',
+            key="retention",
+        )
+    return {str(t): RetentionPolicy.from_mapping(p) for t, p in loaded.items()}
+
+
+@dataclass(frozen=True)
+class RetentionAction:
+    """What the policy does (or, in a dry run, would do) to one session, and why."""
+
+    session_id: str
+    action: Action
+    idle_days: float
+    last_activity: datetime
+    why: str
+    #: False in a dry run, and for a skip; True once done.
+    done: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "action": self.action,
+            "idle_days": round(self.idle_days, 2),
+            "last_activity": self.last_activity.isoformat(),
+            "why": self.why,
+            "done": self.done,
+        }
+
+
+def decide(
+    policy: RetentionPolicy, *, idle_days: float, erased: bool, sealed: bool
+) -> tuple[Action, str] | None:
+    """What ``policy`` does to a session idle ``idle_days`` (None: nothing). Pure."""
+    purge, erase = policy.purge_after_days, policy.erase_after_days
+    if purge is not None and idle_days >= purge:
+        return "purge", f"retention: purge_after_days={purge}, idle {idle_days:.1f} days"
+    if erase is not None and idle_days >= erase and not erased:
+        if not sealed:
+            return "skip", (
+                f"erase_after_days={erase} applies, but the session was written without a "
+                "data key: it cannot be erased (set purge_after_days to remove it)"
+            )
+        return "erase", f"retention: erase_after_days={erase}, idle {idle_days:.1f} days"
+    return None
+
+
+async def plan(
+    ledger: Ledger, policy: RetentionPolicy, *, now: datetime | None = None
+) -> list[RetentionAction]:
+    """The dry run: every session the policy would act on, longest idle first."""
+    now = now or datetime.now(UTC)
+    out: list[RetentionAction] = []
+    after: tuple[datetime, str] | None = None
+    while True:
+        page = await ledger.store.list_sessions(after=after, limit=500)
+        for info in page:
+            try:
+                last = [e async for e in ledger.store.stored_events(info.session_id, info.head)]
+            except SessionNotFound:
+                continue  # purged meanwhile
+            if not last:
+                continue
+            at = last[-1].created_at
+            idle = (now - at).total_seconds() / 86_400
+            verdict = decide(
+                policy, idle_days=idle, erased=info.erased_at is not None, sealed=info.sealed
+            )
+            if verdict is not None:
+                out.append(RetentionAction(info.session_id, verdict[0], idle, at, verdict[1]))
+        if len(page) < 500:
+            return sorted(out, key=lambda a: (a.last_activity, a.session_id))
+        after = (page[-1].created_at, page[-1].session_id)
+
+
+async def apply(
+    ledger: Ledger,
+    policy: RetentionPolicy,
+    *,
+    now: datetime | None = None,
+    dry_run: bool = False,
+    actor: str = ACTOR,
+) -> list[RetentionAction]:
+    """Carry out ``plan``: each erasure and purge through the audited path, the policy and
+    the idle days in its recorded reason. Idempotent: a second run finds nothing left."""
+    planned = await plan(ledger, policy, now=now)
+    if dry_run:
+        return planned
+    purge = getattr(ledger.store, "purge", None)
+    done: list[RetentionAction] = []
+    for item in planned:
+        if item.action == "skip":
+            done.append(item)
+            continue
+        try:
+            if item.action == "erase":
+                await ledger.erase(item.session_id, reason=item.why, actor=actor)
+            else:
+                if purge is None:
+                    raise ConfigError(f"the {ledger.store.kind} store cannot purge")
+                await purge(item.session_id, item.why)
+        except SessionErased:
+            pass  # erased meanwhile (by a person, or as a fork): what the policy wanted
+        except SessionNotFound:
+            continue  # purged meanwhile
+        done.append(
+            RetentionAction(
+                item.session_id, item.action, item.idle_days, item.last_activity, item.why, True
+            )
+        )
+    return done
