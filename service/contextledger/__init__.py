@@ -32,6 +32,7 @@ from contextledger.errors import (
     MissingExtra,
     SeqOutOfRange,
     SessionExists,
+    SessionHasForks,
     SessionNotFound,
 )
 from contextledger.hooks import (
@@ -104,6 +105,7 @@ __all__ = [
     "SeqOutOfRange",
     "Session",
     "SessionExists",
+    "SessionHasForks",
     "SessionInfo",
     "SessionNotFound",
     "SummarizerConfig",

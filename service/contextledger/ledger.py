@@ -31,8 +31,9 @@ from contextledger.errors import (
 )
 from contextledger.hooks import PreCompactHandler
 from contextledger.retry import RetryPolicy
+from contextledger.rollback import fork_seq
 from contextledger.session import Session
-from contextledger.store.base import RebuildReport, SessionInfo, Store
+from contextledger.store.base import Checkpoint, RebuildReport, SessionInfo, Store
 from contextledger.store.dsn import redact, resolve_target
 from contextledger.store.memory import MemoryStore
 
@@ -268,6 +269,43 @@ class Ledger:
         if not changed:
             session._config = wanted  # same settings, possibly with this process's secrets
         return session
+
+    async def fork(
+        self,
+        source_id: str,
+        new_id: str,
+        *,
+        at: Checkpoint | str | int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Session:
+        """Fork ``source_id`` at ``at`` (a ``Checkpoint``, a label, a seq; default its head)
+        into a new session ``new_id`` and open it.
+
+        Copy-on-write: one ``session.forked`` event pointing at (parent, seq, hash), no
+        copy of the parent's events, whatever its length. The fork's view is the
+        parent's ``view_at(seq)`` item for item; ``verify`` of the fork covers the
+        parent prefix; the parent goes on unaffected. ``metadata`` defaults to the
+        parent's. ``SessionExists`` if ``new_id`` is taken.
+        """
+        self._check_open()
+        check_session_id(source_id)
+        check_session_id(new_id)
+        meta = check_mapping(metadata, "metadata") if metadata is not None else None
+        info = await self.store.session_info(source_id)
+        seq = await fork_seq(at, lambda: self.store.checkpoints(source_id), source_id, info.head)
+        await self.store.fork_session(
+            new_id,
+            source_id,
+            seq,
+            created_at=utc_now(),
+            metadata=info.metadata if meta is None else meta,
+        )
+        return await self.session(new_id, create=False)
+
+    async def forks(self, session_id: str) -> list[str]:
+        """The ids of the sessions forked directly from ``session_id``."""
+        self._check_open()
+        return await self.store.forks(check_session_id(session_id))
 
     async def sessions(
         self, *, after: tuple[datetime, str] | None = None, limit: int | None = None

@@ -449,4 +449,24 @@ class Session:
         return await self._requests.replay(state, seq, provider, token_budget)
 
     async def verify(self) -> VerifyReport:
+        """Walk the hash chain; a fork's covers the parent prefix it stands on."""
         return await self._store.verify(self.session_id)
+
+    async def fork(
+        self,
+        new_id: str,
+        at: Checkpoint | str | int | None = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Session:
+        """A new session ``new_id`` standing on this one at ``at`` (a ``Checkpoint``, a
+        label, a seq; default the head): one pointer event, nothing copied. Its view is
+        ``view_at(seq)`` of this session, item for item; this session goes on unaffected
+        (``Ledger.fork``)."""
+        forked: Session = await self._ledger.fork(self.session_id, new_id, at=at, metadata=metadata)
+        return forked
+
+    @property
+    def parent(self) -> tuple[str, int] | None:
+        """``(parent session id, seq)`` this session was forked from, if it is a fork."""
+        return self._info.parent

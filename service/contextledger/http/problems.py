@@ -27,6 +27,7 @@ STATUS: dict[type[e.ContextLedgerError], int] = {
     e.ConcurrencyError: 409,
     e.IdempotencyConflict: 409,
     e.SessionExists: 409,
+    e.SessionHasForks: 409,
     e.LedgerUnavailable: 503,
     e.MigrationRequired: 503,
     e.LedgerClosed: 503,

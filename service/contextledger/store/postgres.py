@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from operator import attrgetter
 from typing import Any, NamedTuple
@@ -27,7 +27,14 @@ import structlog
 
 from contextledger.core.chain import GENESIS_HASH, make_event
 from contextledger.core.encoding import dumps
-from contextledger.core.events import Event, MessageAppended, Payload, SessionCreated, decode
+from contextledger.core.events import (
+    Event,
+    MessageAppended,
+    Payload,
+    SessionCreated,
+    SessionForked,
+    decode,
+)
 from contextledger.core.projection import (
     ViewState,
     check_append_target,
@@ -44,7 +51,9 @@ from contextledger.errors import (
     IdempotencyConflict,
     InvalidArgument,
     MigrationRequired,
+    SeqOutOfRange,
     SessionExists,
+    SessionHasForks,
     SessionNotFound,
 )
 from contextledger.store.base import (
@@ -72,6 +81,7 @@ from contextledger.store.lexical import (
     B,
     read_from,
 )
+from contextledger.store.lineage import Lineage, owner_of, segments
 from contextledger.store.scoped import TENANT_SETTING, TenantConnection, scoped
 
 log = structlog.get_logger(__name__)
@@ -139,7 +149,7 @@ SELECT view_tokens FROM s
 
 SESSION_COLUMNS = (
     "session_id, created_at, model, config::text, metadata::text, head, "
-    "last_hash, view_tokens, view_count"
+    "last_hash, view_tokens, view_count, parent_session_id, parent_seq"
 )
 VIEW_COLUMNS = "ord, seq, part, kind, message::text, tokens, critical"
 #: A message event in the implicit tail, in the same columns as a view_items row.
@@ -194,6 +204,12 @@ SEARCH_VECTOR = (
     " ELSE to_tsvector('english'::regconfig, left(coalesce(e.data -> 'message' ->> 'content',"
     " (e.data -> 'messages')::text, ''), 16384)) END"
 )
+#: A fork's view tail in one session of its lineage (a fork reads its ancestors' message
+#: events up to its fork point by their own id, one statement each).
+SEGMENT_TAIL = f"""
+SELECT {_TAIL_ROW} FROM {S}.events e
+ WHERE e.session_id = $1 AND e.seq BETWEEN $2 AND $3 AND e.type = 'message.appended'
+ ORDER BY e.seq"""
 #: Seqs of the branch up to seq $3: the current branch, or (replays) the seqs in $5, the
 #: branch as of the replayed seq, sent as ranges (``seq_ranges``). Hashed subplans or a
 #: binary search over the ranges: O(1) or O(log ranges) per row.
@@ -588,6 +604,7 @@ def _info(row: asyncpg.Record) -> SessionInfo:
         row[6],
         row[7],
         row[8],
+        None if row[9] is None else (row[9], row[10]),
     )
 
 
@@ -667,6 +684,9 @@ class PostgresStore(Store):
         self._hot_max = hot_connections
         self._vectors: bool | None = None  # pgvector present? (asked once)
         self._closed: dict[str, _ClosedGate] = {}  # each session's last closed gate
+        #: each session's ancestry (``()``: no fork); a fork point never moves, so it is
+        #: read once (refreshed by ``session_info``, dropped by ``purge``)
+        self._lineages: dict[str, Lineage] = {}
 
     @classmethod
     @translated
@@ -873,6 +893,7 @@ class PostgresStore(Store):
                 f"session {session_id!r} already exists", session_id=session_id
             ) from None
         self._heads[session_id] = (1, event.hash)
+        self._lineages[session_id] = ()
         return SessionInfo(
             session_id,
             created_at,
@@ -893,6 +914,11 @@ class PostgresStore(Store):
         if row is None:
             raise SessionNotFound.for_session(session_id)
         info = _info(row)
+        known = self._lineages.get(session_id)
+        if info.parent is None:
+            self._lineages[session_id] = ()
+        elif not known or known[-1] != info.parent:
+            self._lineages.pop(session_id, None)  # read again when needed
         if self._heads.get(session_id) != (info.head, info.last_hash):
             self._closed.pop(session_id, None)  # another writer moved the chain
         self._heads[session_id] = (info.head, info.last_hash)
@@ -954,9 +980,10 @@ class PostgresStore(Store):
         """The shared pure decision (``check_append_target``) with the stored hash it needs."""
         at = None
         if known is not None and known != (head, last_hash) and 0 < known[0] <= head:
+            lineage = await self._lineage(session_id)
             at = await conn.fetchval(
                 f"SELECT hash FROM {S}.events WHERE session_id = $1 AND seq = $2",
-                session_id,
+                owner_of(session_id, lineage, known[0]),
                 known[0],
             )
         check_append_target(
@@ -1170,7 +1197,11 @@ class PostgresStore(Store):
                         )
                     return AppendResult((dup[0],), True)
             await self._check_target(conn, session_id, head, last_hash, known, expected_seq)
-            view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
+            lineage = await self._lineage(session_id, conn)
+            if lineage:
+                view = await self._fork_view(conn, session_id, lineage)
+            else:
+                view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
             state = ViewState(head=head, view=view, model=row[2], config=json.loads(row[3]))
             history: list[Event] | None = None
 
@@ -1179,14 +1210,7 @@ class PostgresStore(Store):
                 return fold(history, until=seq)
 
             if any(p.TYPE == "session.rolled_back" for p in payloads):
-                history = [
-                    _event(session_id, r)
-                    for r in await conn.fetch(
-                        f"SELECT {EVENT_COLUMNS} FROM {S}.events"
-                        " WHERE session_id = $1 ORDER BY seq",
-                        session_id,
-                    )
-                ]
+                history = await self._lineage_events(conn, session_id, lineage, 1, head)
             step = record_events(
                 state,
                 session_id,
@@ -1306,10 +1330,281 @@ class PostgresStore(Store):
                 ],
             )
 
+    # -- forks (copy-on-write: a fork reads its prefix from its ancestors) ---------------
+
+    async def _lineage(
+        self, session_id: str, conn: asyncpg.Connection | asyncpg.Pool | None = None
+    ) -> Lineage:
+        """``session_id``'s ancestors, root first: one primary-key read per ancestor the
+        first time, then remembered (a fork point never moves)."""
+        known = self._lineages.get(session_id)
+        if known is not None:
+            return known
+        db = conn if conn is not None else self._pool
+        row = await db.fetchrow(
+            f"SELECT parent_session_id, parent_seq FROM {S}.sessions WHERE session_id = $1",
+            session_id,
+        )
+        if row is None:
+            raise SessionNotFound.for_session(session_id)
+        lineage: Lineage = ()
+        if row[0] is not None:
+            lineage = (*await self._lineage(row[0], conn), (row[0], row[1]))
+        self._lineages[session_id] = lineage
+        return lineage
+
+    async def _lineage_events(
+        self, conn: asyncpg.Connection, session_id: str, lineage: Lineage, lo: int, hi: int
+    ) -> list[Event]:
+        """Events ``lo..hi`` of ``session_id`` (a fork's prefix from its ancestors)."""
+        out: list[Event] = []
+        for owner, a, b in segments(session_id, lineage, lo, hi):
+            rows = await conn.fetch(
+                f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1"
+                " AND seq BETWEEN $2 AND $3 ORDER BY seq",
+                owner,
+                a,
+                b,
+            )
+            out.extend(_event(owner, r) for r in rows)
+        return out
+
+    async def _fork_view(
+        self, conn: asyncpg.Connection, session_id: str, lineage: Lineage
+    ) -> tuple[ViewItem, ...]:
+        """A fork's view: its own materialized rows, then the message events after its
+        watermark, read from each session of its lineage by that session's id."""
+        row = await conn.fetchrow(
+            f"SELECT view_gen, view_base, head FROM {S}.sessions WHERE session_id = $1",
+            session_id,
+        )
+        if row is None:
+            raise SessionNotFound.for_session(session_id)
+        gen, base, head = row
+        rows = list(
+            await conn.fetch(
+                f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 AND gen = $2"
+                " ORDER BY ord",
+                session_id,
+                gen,
+            )
+        )
+        for owner, a, b in segments(session_id, lineage, base + 1, head):
+            rows.extend(await conn.fetch(SEGMENT_TAIL, owner, a, b))
+        return tuple(_item(r) for r in rows)
+
+    async def _fork_branch(
+        self, conn: asyncpg.Connection, session_id: str, lineage: Lineage
+    ) -> list[tuple[int, int, int, Any]]:
+        """A fork's branch as ``(ord, seq, part, message JSON text)``: its own rows'
+        messages and the message events after its branch watermark, each read from the
+        session of its lineage that holds it."""
+        row = await conn.fetchrow(
+            f"SELECT branch_base, head FROM {S}.sessions WHERE session_id = $1", session_id
+        )
+        if row is None:
+            raise SessionNotFound.for_session(session_id)
+        base, head = row
+        refs = await conn.fetch(
+            f"SELECT ord, seq, part FROM {S}.branch_items WHERE session_id = $1 ORDER BY ord",
+            session_id,
+        )
+        texts: dict[tuple[int, int], str] = {}
+        wanted = sorted({r[1] for r in refs})
+        for owner, a, b in segments(session_id, lineage, 1, base):
+            seqs = [q for q in wanted if a <= q <= b]
+            if not seqs:
+                continue
+            for r in await conn.fetch(
+                f"SELECT e.seq, p.part, p.message::text FROM {S}.events e,"
+                " LATERAL (SELECT 0 AS part, e.data -> 'message' AS message"
+                "          WHERE e.type <> 'messages.replaced'"
+                "          UNION ALL SELECT (n - 1)::int, m FROM jsonb_array_elements("
+                "            CASE WHEN e.type = 'messages.replaced' THEN e.data -> 'messages'"
+                "            ELSE '[]'::jsonb END) WITH ORDINALITY AS x(m, n)) p"
+                " WHERE e.session_id = $1 AND e.seq = ANY($2::bigint[])",
+                owner,
+                seqs,
+            ):
+                texts[(r[0], r[1])] = r[2]
+        out = [(r[0], r[1], r[2], texts.get((r[1], r[2]))) for r in refs]
+        for owner, a, b in segments(session_id, lineage, base + 1, head):
+            out.extend((r[0], r[1], 0, r[4]) for r in await conn.fetch(SEGMENT_TAIL, owner, a, b))
+        return out
+
+    @translated
+    async def fork_session(
+        self,
+        session_id: str,
+        parent_id: str,
+        parent_seq: int,
+        *,
+        created_at: datetime,
+        metadata: Mapping[str, Any],
+    ) -> SessionInfo:
+        """One transaction: the parent's row read ``FOR SHARE`` (a purge of it waits, and
+        then sees the fork), the fork's row and its ``session.forked`` event written.
+
+        At the parent's head the fork takes the parent's watermarks and its materialized
+        rows (none until the parent's first compaction, rollback or replacement; at most
+        its view after it): the messages after the watermarks are read from the parent.
+        At an earlier seq the parent's rows may have moved on: the view as of that seq is
+        folded from the prefix once and materialized for the fork.
+        """
+        lineage = await self._lineage(parent_id)
+        owner = owner_of(parent_id, lineage, parent_seq)
+        if owner != parent_id:  # the seq is an ancestor's event: stand on that ancestor
+            return await self.fork_session(
+                session_id, owner, parent_seq, created_at=created_at, metadata=metadata
+            )
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                p = await conn.fetchrow(
+                    f"SELECT head, last_hash, model, config::text, view_gen, view_base,"
+                    f" branch_base, view_tokens, view_count FROM {S}.sessions"
+                    " WHERE session_id = $1 FOR SHARE",
+                    parent_id,
+                )
+                if p is None:
+                    raise SessionNotFound.for_session(parent_id)
+                head = p[0]
+                if not 1 <= parent_seq <= head:
+                    raise SeqOutOfRange(
+                        f"cannot fork at seq {parent_seq}: session {parent_id!r} runs 1..{head}",
+                        seq=parent_seq,
+                        head=head,
+                    )
+                view_rows: list[tuple[Any, ...]]
+                branch_rows: list[tuple[Any, ...]]
+                if parent_seq == head:
+                    prev, model, config = p[1], p[2], json.loads(p[3])
+                    gen, view_base, branch_base, tokens, count = p[4], p[5], p[6], p[7], p[8]
+                    view_rows = [
+                        (session_id, *r)
+                        for r in await conn.fetch(
+                            f"SELECT gen, ord, seq, part, kind, message::text, tokens, critical"
+                            f" FROM {S}.view_items WHERE session_id = $1 AND gen = $2",
+                            parent_id,
+                            gen,
+                        )
+                    ]
+                    branch_rows = [
+                        (session_id, *r)
+                        for r in await conn.fetch(
+                            f"SELECT ord, seq, part FROM {S}.branch_items WHERE session_id = $1",
+                            parent_id,
+                        )
+                    ]
+                else:
+                    events = await self._lineage_events(conn, parent_id, lineage, 1, parent_seq)
+                    state = fold(events)
+                    prev, model, config = events[-1].hash, state.model, dict(state.config)
+                    gen, view_base = 1, parent_seq
+                    branch_base, tokens, count = parent_seq, state.view_tokens, len(state.view)
+                    view_rows = [
+                        (
+                            session_id,
+                            gen,
+                            i.ord,
+                            i.ref[0],
+                            i.ref[1],
+                            i.kind,
+                            dumps(dict(i.message)),
+                            i.tokens,
+                            i.critical,
+                        )
+                        for i in state.view
+                    ]
+                    branch_rows = [(session_id, i.ord, i.ref[0], i.ref[1]) for i in state.branch]
+                payload = SessionForked(parent_id, parent_seq, prev, dict(metadata))
+                event = make_event(session_id, parent_seq + 1, payload, prev, created_at=created_at)
+                await conn.execute(
+                    f"INSERT INTO {S}.sessions (session_id, created_at, model, config, metadata,"
+                    " head, last_hash, view_gen, view_base, branch_base, view_tokens, view_count,"
+                    " parent_session_id, parent_seq)"
+                    " VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, $6, $7, $8, $9, $10, $11, $12,"
+                    " $13, $14)",
+                    session_id,
+                    created_at,
+                    model,
+                    dumps(config),
+                    dumps(dict(metadata)),
+                    event.seq,
+                    event.hash,
+                    gen,
+                    view_base,
+                    branch_base,
+                    tokens,
+                    count,
+                    parent_id,
+                    parent_seq,
+                )
+                await conn.execute(
+                    f"INSERT INTO {S}.events (session_id, seq, type, version, data, tokens,"
+                    " created_at, hash) VALUES ($1, $2, $3, $4, $5::jsonb, 0, $6, $7)",
+                    session_id,
+                    event.seq,
+                    event.type,
+                    event.version,
+                    dumps(payload.to_data()),
+                    created_at,
+                    event.hash,
+                )
+                if view_rows:
+                    await conn.executemany(
+                        f"INSERT INTO {S}.view_items (session_id, gen, ord, seq, part, kind,"
+                        " message, tokens, critical)"
+                        " VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)",
+                        view_rows,
+                    )
+                if branch_rows:
+                    await conn.executemany(
+                        f"INSERT INTO {S}.branch_items (session_id, ord, seq, part)"
+                        " VALUES ($1, $2, $3, $4)",
+                        branch_rows,
+                    )
+        except asyncpg.UniqueViolationError:
+            raise SessionExists(
+                f"session {session_id!r} already exists", session_id=session_id
+            ) from None
+        self._heads[session_id] = (event.seq, event.hash)
+        self._lineages[session_id] = (*lineage, (parent_id, parent_seq))
+        return SessionInfo(
+            session_id,
+            created_at,
+            model,
+            config,
+            dict(metadata),
+            event.seq,
+            event.hash,
+            tokens,
+            count,
+            (parent_id, parent_seq),
+        )
+
+    @translated
+    async def forks(self, session_id: str) -> list[str]:
+        """By the index on the parent column (migration 0012): the one statement here that
+        is not about one session, as listing a session's forks cannot be."""
+        rows = await self._pool.fetch(
+            f"SELECT session_id FROM {S}.sessions WHERE parent_session_id = $1 ORDER BY session_id",
+            session_id,
+        )
+        if not rows:
+            await self.session_info(session_id)  # SessionNotFound for an unknown id
+        return [r[0] for r in rows]
+
     # -- reads ------------------------------------------------------------------------
 
     @translated
     async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
+        lineage = await self._lineage(session_id)
+        if lineage:
+            async with (
+                self._pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                return await self._fork_view(conn, session_id, lineage)
         rows = await self._pool.fetch(READ_VIEW, session_id)
         if not rows:
             await self.session_info(session_id)  # raises SessionNotFound
@@ -1318,7 +1613,10 @@ class PostgresStore(Store):
     @translated
     async def read_view_tail(self, session_id: str, max_tokens: int) -> ViewTail:
         """The tail of the view from the end, a page at a time (primary-key range scans):
-        O(max_tokens) rows, whatever the history; then the pinned items before it."""
+        O(max_tokens) rows, whatever the history; then the pinned items before it.
+        A fork's is cut from its whole view (``read_view``, O(view))."""
+        if await self._lineage(session_id):
+            return await super().read_view_tail(session_id, max_tokens)
         async with (
             self._pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
@@ -1406,6 +1704,15 @@ class PostgresStore(Store):
 
     @translated
     async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
+        lineage = await self._lineage(session_id)
+        if lineage:
+            async with (
+                self._pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                return [
+                    json.loads(r[3]) for r in await self._fork_branch(conn, session_id, lineage)
+                ]
         rows = await self._pool.fetch(READ_BRANCH, session_id)
         if not rows:
             await self.session_info(session_id)
@@ -1421,21 +1728,23 @@ class PostgresStore(Store):
         page: int = 2000,
     ) -> AsyncIterator[Event]:
         upper = to_seq if to_seq is not None else 2**62
-        cursor = from_seq
-        while True:
-            rows = await self._pool.fetch(
-                f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1"
-                " AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
-                session_id,
-                cursor,
-                upper,
-                page,
-            )
-            for row in rows:
-                yield _event(session_id, row)
-            if len(rows) < page:
-                return
-            cursor = rows[-1][0] + 1
+        lineage = await self._lineage(session_id)
+        for owner, lo, hi in segments(session_id, lineage, from_seq, upper):
+            cursor = lo
+            while True:
+                rows = await self._pool.fetch(
+                    f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1"
+                    " AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
+                    owner,
+                    cursor,
+                    hi,
+                    page,
+                )
+                for row in rows:
+                    yield _event(owner, row)
+                if len(rows) < page:
+                    break
+                cursor = rows[-1][0] + 1
 
     def _advance(self, session_id: str, base: tuple[int, str], tip: tuple[int, str]) -> None:
         """An append through this store linked ``tip`` onto ``base`` (the statement checks the
@@ -1683,12 +1992,20 @@ class PostgresStore(Store):
 
     @translated
     async def checkpoints(self, session_id: str) -> list[Checkpoint]:
-        rows = await self._pool.fetch(
-            f"SELECT seq, data ->> 'label', created_at FROM {S}.events"
-            " WHERE session_id = $1 AND type = 'checkpoint.created' ORDER BY seq",
-            session_id,
-        )
-        return [Checkpoint(r[0], r[1], r[2]) for r in rows]
+        """The session's checkpoints (a fork's: its ancestors' up to each fork point too)."""
+        lineage = await self._lineage(session_id)
+        out: list[Checkpoint] = []
+        for owner, lo, hi in segments(session_id, lineage, 1, 2**62):
+            rows = await self._pool.fetch(
+                f"SELECT seq, data ->> 'label', created_at FROM {S}.events"
+                " WHERE session_id = $1 AND type = 'checkpoint.created'"
+                " AND seq BETWEEN $2 AND $3 ORDER BY seq",
+                owner,
+                lo,
+                hi,
+            )
+            out.extend(Checkpoint(r[0], r[1], r[2]) for r in rows)
+        return out
 
     @translated
     async def rebuild(self, session_id: str, *, repair: bool = True) -> RebuildReport:
@@ -1700,16 +2017,17 @@ class PostgresStore(Store):
             )
             if row is None:
                 raise SessionNotFound.for_session(session_id)
-            events = [
-                _event(session_id, r)
-                for r in await conn.fetch(
-                    f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1 ORDER BY seq",
-                    session_id,
-                )
-            ]
+            lineage = await self._lineage(session_id, conn)
+            events = await self._lineage_events(conn, session_id, lineage, 1, row[3])
             expected = fold(events)
-            view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
-            branch = [(r[0], r[1], r[2]) for r in await conn.fetch(READ_BRANCH_REFS, session_id)]
+            if lineage:
+                view = await self._fork_view(conn, session_id, lineage)
+                branch = [r[:3] for r in await self._fork_branch(conn, session_id, lineage)]
+            else:
+                view = tuple(_item(r) for r in await conn.fetch(READ_VIEW, session_id))
+                branch = [
+                    (r[0], r[1], r[2]) for r in await conn.fetch(READ_BRANCH_REFS, session_id)
+                ]
             diffs = compare_rows(expected.view, view, "view")
             if branch != [(i.ord, i.ref[0], i.ref[1]) for i in expected.branch]:
                 diffs.append(
@@ -1751,9 +2069,29 @@ class PostgresStore(Store):
     @translated
     async def purge(self, session_id: str, reason: str) -> int:
         """The audited purge path (see the migration): removes a session entirely."""
-        async with self._lock(session_id):
+        async with self._lock(session_id), self._pool.acquire() as conn, conn.transaction():
+            # the row locked first: a fork being created (its parent read FOR SHARE)
+            # either committed before, and is listed, or finds the parent gone
+            await conn.execute(
+                f"SELECT 1 FROM {S}.sessions WHERE session_id = $1 FOR UPDATE", session_id
+            )
+            forks = [
+                r[0]
+                for r in await conn.fetch(
+                    f"SELECT session_id FROM {S}.sessions WHERE parent_session_id = $1"
+                    " ORDER BY session_id",
+                    session_id,
+                )
+            ]
+            if forks:
+                raise SessionHasForks(
+                    f"session {session_id!r} has forks standing on it ({', '.join(forks)}):"
+                    " purge them first",
+                    session_id=session_id,
+                    forks=forks,
+                )
             try:
-                n: int = await self._pool.fetchval(
+                n: int = await conn.fetchval(
                     f"SELECT {S}.purge_session($1, $2)", session_id, reason
                 )
             except asyncpg.RaiseError as exc:
@@ -1766,6 +2104,7 @@ class PostgresStore(Store):
                 raise
         self._heads.pop(session_id, None)
         self._closed.pop(session_id, None)
+        self._lineages.pop(session_id, None)
         return n
 
     @translated
