@@ -24,6 +24,7 @@ from contextledger.core.events import SessionForked
 from contextledger.core.projection import fold
 from contextledger.store.dsn import asyncpg_dsn
 from tests.integration.test_projection_property import op
+from tests.integration.test_recall import FACT, QUESTION, chatter, recall_blocks
 
 _ids = itertools.count()
 
@@ -148,6 +149,23 @@ async def test_a_fork_of_a_fork(ledger: Ledger) -> None:
     assert d.parent == ("a", 2)
     assert await d.view() == await a.view_at(2)
     assert await ledger.forks("a") == ["b", "d"] and await ledger.forks("b") == ["c"]
+
+
+async def test_recall_in_a_fork_finds_the_parent_prefix(ledger: Ledger) -> None:
+    """A fact said before the fork point, left out of the fork's request, comes back from
+    the parent's events; a fact the parent learnt after the fork does not."""
+    parent = await ledger.session("rp", config={"token_counter": "chars"})
+    await parent.add_message({"role": "user", "content": FACT})
+    await parent.add_message({"role": "assistant", "content": "Noted."})
+    await chatter(parent, 10)
+    fork = await parent.fork("rp-fork")
+    await parent.add_message({"role": "user", "content": "orchard-api staging now uses 29999"})
+    await chatter(fork, 30, start=100)
+    await fork.add_message({"role": "user", "content": QUESTION})
+    request = await fork.get_messages_for_request(token_budget=2000)
+    blocks = recall_blocks(request)
+    assert len(blocks) == 1 and "18443" in blocks[0] and "29999" not in str(request)
+    assert await fork.request_at(fork.head, token_budget=2000) == request
 
 
 async def test_a_parent_with_forks_is_not_purged(ledger: Ledger) -> None:

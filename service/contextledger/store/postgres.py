@@ -1772,7 +1772,7 @@ class PostgresStore(Store):
     ) -> list[tuple[int, float]]:
         # The statement of ``search_messages`` (what requests use): the messages it reads
         # by key for the top matches are dropped here.
-        rows = await self._search(
+        rows = await self._search_lineage(
             session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
         )
         return [(r[0], float(r[1])) for r in rows if r[1] != 0]  # not the neighbours
@@ -1791,12 +1791,70 @@ class PostgresStore(Store):
         head: int | None = None,
         hop: bool = False,
     ) -> tuple[list[tuple[int, float]], list[Recalled]]:
-        rows = await self._search(
+        rows = await self._search_lineage(
             session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
         )
         found = [(r[0], float(r[1])) for r in rows if r[1] != 0]  # the rest: neighbours
         recalled = [Recalled(r[0], json.loads(r[2]), r[3], r[4]) for r in rows]
         return found, sorted(recalled, key=attrgetter("seq"))
+
+    async def _fork_branch_seqs(self, session_id: str, lineage: Lineage) -> set[int]:
+        """The seqs of a fork's current branch (what a live search's ``_BRANCH_SEQS`` reads
+        for a session of its own), to search each session of its lineage as a replay does."""
+        async with (
+            self._pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            row = await conn.fetchrow(
+                f"SELECT branch_base, head FROM {S}.sessions WHERE session_id = $1", session_id
+            )
+            if row is None:
+                raise SessionNotFound.for_session(session_id)
+            seqs = {
+                r[0]
+                for r in await conn.fetch(
+                    f"SELECT seq FROM {S}.branch_items WHERE session_id = $1 AND part = 0",
+                    session_id,
+                )
+            }
+        seqs.update(range(row[0] + 1, row[1] + 1))
+        return seqs
+
+    async def _search_lineage(
+        self,
+        session_id: str,
+        query: str,
+        exclude: Collection[int],
+        upto_seq: int,
+        branch: Collection[int] | None,
+        limit: int,
+        text_config: str,
+        head: int | None,
+        hop: bool = False,
+    ) -> list[Any]:
+        """``_search``; a fork's searches each session of its lineage (by that session's
+        id, the branch given as a replay's is), best first across them."""
+        lineage = await self._lineage(session_id)
+        if not lineage:
+            return await self._search(
+                session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
+            )
+        on = (
+            set(branch) if branch is not None else await self._fork_branch_seqs(session_id, lineage)
+        )
+        found: list[Any] = []
+        for owner, lo, hi in segments(session_id, lineage, 1, upto_seq):
+            part = {q for q in on if lo <= q <= hi}
+            if part:
+                found.extend(
+                    await self._search(
+                        owner, query, exclude, hi, part, limit, text_config, None, hop
+                    )
+                )
+        matches = sorted((r for r in found if r[1] > 0), key=lambda r: (-r[1], -r[0]))[:limit]
+        hopped = sorted((r for r in found if r[1] < 0), key=lambda r: (r[1], -r[0]))[:HOP_LIMIT]
+        neighbours = [r for r in found if r[1] == 0]
+        return [*matches, *hopped, *neighbours]
 
     async def _search(
         self,
@@ -1980,6 +2038,21 @@ class PostgresStore(Store):
     ) -> list[Recalled]:
         if not seqs:
             return []
+        lineage = await self._lineage(session_id)
+        if lineage:  # each seq read from the session of the lineage holding it
+            on = (
+                set(branch)
+                if branch is not None
+                else await self._fork_branch_seqs(session_id, lineage)
+            )
+            out: list[Recalled] = []
+            for owner, lo, hi in segments(session_id, lineage, 1, upto_seq):
+                part = [q for q in seqs if lo <= q <= hi]
+                if part:
+                    out += await self.recall_messages(
+                        owner, part, upto_seq=hi, branch=[q for q in on if lo <= q <= hi]
+                    )
+            return out
         if branch is None:
             sql = RECALL_MESSAGES.format(branch=_ON_BRANCH)
             rows = await self._pool.fetch(sql, session_id, sorted(seqs), upto_seq)
