@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from contextledger import telemetry
 from contextledger._checks import check_mapping, check_session_id, check_text
 from contextledger.appends import utc_now
 from contextledger.core.chain import Anchor, VerifyReport
@@ -293,13 +294,22 @@ class Ledger:
         meta = check_mapping(metadata, "metadata") if metadata is not None else None
         info = await self.store.session_info(source_id)
         seq = await fork_seq(at, lambda: self.store.checkpoints(source_id), source_id, info.head)
-        await self.store.fork_session(
-            new_id,
-            source_id,
-            seq,
-            created_at=utc_now(),
-            metadata=info.metadata if meta is None else meta,
-        )
+        with telemetry.span(
+            "fork_memory",
+            {
+                "gen_ai.operation.name": "fork_memory",
+                "gen_ai.conversation.id": new_id,
+                "contextledger.parent.id": source_id,
+                "contextledger.parent.seq": seq,
+            },
+        ):
+            await self.store.fork_session(
+                new_id,
+                source_id,
+                seq,
+                created_at=utc_now(),
+                metadata=info.metadata if meta is None else meta,
+            )
         return await self.session(new_id, create=False)
 
     async def forks(self, session_id: str) -> list[str]:
