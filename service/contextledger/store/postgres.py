@@ -210,6 +210,20 @@ SEGMENT_TAIL = f"""
 SELECT {_TAIL_ROW} FROM {S}.events e
  WHERE e.session_id = $1 AND e.seq BETWEEN $2 AND $3 AND e.type = 'message.appended'
  ORDER BY e.seq"""
+#: A fork's own part of its view in one statement (one snapshot): a first row with its
+#: watermark and head, then its materialized rows and its own message events after the
+#: watermark. The ancestors' messages between the watermark and the fork point are
+#: append-only, so they are read after it, by each ancestor's id, with no transaction.
+READ_FORK_VIEW = f"""
+SELECT -1::bigint, view_base, head, 'watermark', NULL::text, 0, false FROM {S}.sessions
+ WHERE session_id = $1
+UNION ALL
+SELECT {VIEW_COLUMNS} FROM {S}.view_items
+ WHERE session_id = $1 AND gen = {_VIEW_GEN}
+UNION ALL
+SELECT {_TAIL_ROW} FROM {S}.events e
+ WHERE e.session_id = $1 AND e.seq > {_VIEW_BASE} AND e.type = 'message.appended'
+ORDER BY 1"""
 #: Seqs of the branch up to seq $3: the current branch, or (replays) the seqs in $5, the
 #: branch as of the replayed seq, sent as ranges (``seq_ranges``). Hashed subplans or a
 #: binary search over the ranges: O(1) or O(log ranges) per row.
@@ -1370,28 +1384,22 @@ class PostgresStore(Store):
         return out
 
     async def _fork_view(
-        self, conn: asyncpg.Connection, session_id: str, lineage: Lineage
+        self, db: asyncpg.Connection | asyncpg.Pool, session_id: str, lineage: Lineage
     ) -> tuple[ViewItem, ...]:
         """A fork's view: its own materialized rows, then the message events after its
-        watermark, read from each session of its lineage by that session's id."""
-        row = await conn.fetchrow(
-            f"SELECT view_gen, view_base, head FROM {S}.sessions WHERE session_id = $1",
-            session_id,
-        )
-        if row is None:
+        watermark: its own with them (``READ_FORK_VIEW``, one snapshot), the ancestors'
+        up to the fork point by each ancestor's id (a fresh fork: two statements)."""
+        rows = await db.fetch(READ_FORK_VIEW, session_id)
+        if not rows:
             raise SessionNotFound.for_session(session_id)
-        gen, base, head = row
-        rows = list(
-            await conn.fetch(
-                f"SELECT {VIEW_COLUMNS} FROM {S}.view_items WHERE session_id = $1 AND gen = $2"
-                " ORDER BY ord",
-                session_id,
-                gen,
-            )
-        )
-        for owner, a, b in segments(session_id, lineage, base + 1, head):
-            rows.extend(await conn.fetch(SEGMENT_TAIL, owner, a, b))
-        return tuple(_item(r) for r in rows)
+        base = rows[0][1]
+        items = list(rows[1:])
+        older: list[asyncpg.Record] = []
+        for owner, a, b in segments(session_id, lineage, base + 1, lineage[-1][1]):
+            older.extend(await db.fetch(SEGMENT_TAIL, owner, a, b))
+        if older:
+            items = sorted(items + older, key=lambda r: r[0])
+        return tuple(_item(r) for r in items)
 
     async def _fork_branch(
         self, conn: asyncpg.Connection, session_id: str, lineage: Lineage
@@ -1600,11 +1608,7 @@ class PostgresStore(Store):
     async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
         lineage = await self._lineage(session_id)
         if lineage:
-            async with (
-                self._pool.acquire() as conn,
-                conn.transaction(isolation="repeatable_read", readonly=True),
-            ):
-                return await self._fork_view(conn, session_id, lineage)
+            return await self._fork_view(self._pool, session_id, lineage)
         rows = await self._pool.fetch(READ_VIEW, session_id)
         if not rows:
             await self.session_info(session_id)  # raises SessionNotFound
