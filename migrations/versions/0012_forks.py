@@ -39,6 +39,15 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # A fork's events start after its fork point: without the parent columns its chain
+    # would no longer verify. Refused while any fork stands (purge the forks first).
+    op.execute(f"""
+        DO $$ BEGIN
+            IF EXISTS (SELECT 1 FROM {S}.sessions WHERE parent_session_id IS NOT NULL) THEN
+                RAISE EXCEPTION 'contextledger: forks exist; purge them before downgrading'
+                    USING ERRCODE = 'P0001';
+            END IF;
+        END $$""")
     op.execute(f"DROP INDEX IF EXISTS {S}.sessions_forks")
     op.execute(f"ALTER TABLE {S}.sessions DROP CONSTRAINT IF EXISTS sessions_fork_point")
     op.execute(

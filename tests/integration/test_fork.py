@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any
 
@@ -299,3 +300,33 @@ async def test_a_fork_is_the_parent_as_of_its_seq_whatever_happens_after(
     assert rows(fold((await events_of(fork))[: seq + 1]).view) == expected
     for s in (parent, fork):
         await check(ledger, s)
+
+
+async def test_migration_0012_downgrades_only_without_forks(pg_dsn: str) -> None:
+    from alembic import command
+
+    from contextledger.store.migrate import alembic_config, upgrade
+
+    async with Ledger.open(pg_dsn) as ledger:
+        parent = await ledger.session("m")
+        await talk(parent, 2)
+        await parent.fork("m-fork")
+    with pytest.raises(Exception, match="forks exist"):
+        await asyncio.to_thread(command.downgrade, alembic_config(pg_dsn), "0011")
+    async with Ledger.open(pg_dsn) as ledger:
+        await ledger.store.purge("m-fork", "test")  # type: ignore[attr-defined]
+    await asyncio.to_thread(command.downgrade, alembic_config(pg_dsn), "0011")
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        columns = await conn.fetchval(
+            "SELECT count(*) FROM information_schema.columns WHERE table_schema ="
+            " 'contextledger' AND table_name = 'sessions' AND column_name LIKE 'parent%'"
+        )
+        assert columns == 0
+        assert await conn.fetchval("SELECT to_regclass('contextledger.sessions_forks')") is None
+    finally:
+        await conn.close()
+    await upgrade(pg_dsn)
+    async with Ledger.open(pg_dsn) as ledger:
+        again = await ledger.fork("m", "m-fork-2")
+        assert again.parent == ("m", 3) and (await again.verify()).ok
