@@ -51,7 +51,7 @@ def tracer() -> Any | None:
     if _api is False:
         return None
     provider = _api.get_tracer_provider()
-    if isinstance(provider, _api.ProxyTracerProvider | _api.NoOpTracerProvider):
+    if isinstance(provider, _NOOP or _noop()):
         return None
     try:
         from importlib.metadata import version
@@ -61,6 +61,16 @@ def tracer() -> Any | None:
         release = None
     _tracer = provider.get_tracer(_NAME, release)
     return _tracer
+
+
+_NOOP: tuple[type, ...] = ()
+
+
+def _noop() -> tuple[type, ...]:
+    """The API's stand-in providers (no SDK configured), looked up once."""
+    global _NOOP
+    _NOOP = (_api.ProxyTracerProvider, _api.NoOpTracerProvider)
+    return _NOOP
 
 
 def active() -> bool:
