@@ -452,6 +452,26 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"\nfigures: {write_results('turns', figures)}", file=sys.stderr)
 
 
+def trace_to_nowhere() -> None:
+    """A real SDK tracer provider whose batch processor hands spans to an exporter that
+    drops them: the spans' cost in process, without a collector."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Nowhere(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Nowhere()))
+    trace.set_tracer_provider(provider)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="100/1,000/2,000 turns")
@@ -473,7 +493,14 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: request latency in a tool loop after TURNS turns of history",
     )
     parser.add_argument("--tool-ms", type=float, default=5.0, help="the tool's run time")
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="with an OpenTelemetry SDK tracer provider (batch processor, spans dropped)",
+    )
     args = parser.parse_args(argv)
+    if args.otel:
+        trace_to_nowhere()
     global TEXT
     TEXT = args.text
     lengths = args.lengths or ("100,1000,2000" if args.quick else "100,1000,5000,20000")

@@ -1,7 +1,7 @@
 """Erase by destroying keys: per-session data keys, the erasure audit, ``erase_session``.
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 Create Date: 2026-11-27
 
 - ``session_keys``: one wrapped data key per sealed session (``store/sealing.py``): the
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0013"
-down_revision: str | None = "0011"
+down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
 
+from contextledger import telemetry
 from contextledger._checks import check_key, check_mapping, check_seq, checked_tokens
 from contextledger.core.encoding import dumps
 from contextledger.core.events import (
@@ -24,6 +25,7 @@ from contextledger.core.events import (
     MessagesReplaced,
     Payload,
     SummaryRecorded,
+    payload_tokens,
 )
 from contextledger.core.messages import validate_message
 from contextledger.core.tokens import TokenCounter
@@ -87,6 +89,21 @@ class Written(NamedTuple):
     seq: int | None
     message: dict[str, Any]
     tokens: int
+
+
+def recorded(span: Any, result: AppendResult, payloads: Sequence[Payload]) -> None:
+    """An append's span attributes: the seqs written, their kinds and tokens (the
+    messages only when the application opted in to content)."""
+    span.set_attribute("gen_ai.memory.record.id", str(result.seqs[0]))
+    span.set_attribute("gen_ai.memory.record.count", len(result.seqs))
+    span.set_attribute("contextledger.seq", result.seq)
+    span.set_attribute("contextledger.duplicate", result.duplicate)
+    span.set_attribute("contextledger.event.types", sorted({p.TYPE for p in payloads}))
+    span.set_attribute("contextledger.tokens", sum(payload_tokens(p) for p in payloads))
+    if telemetry.capture_content():
+        messages = [p.message for p in payloads if isinstance(p, MessageAppended)]
+        if messages:
+            span.set_attribute("gen_ai.memory.records", telemetry.content(messages))
 
 
 def check_size(message: Mapping[str, Any], cap: int) -> None:
@@ -198,7 +215,17 @@ class WritePath:
             )
 
         policy = getattr(self._state.ledger, "retry_appends", None)
-        result = await (policy.run(call) if policy and idempotency_key else call())
+        with telemetry.span(
+            "create_memory",
+            {
+                "gen_ai.operation.name": "create_memory",
+                "gen_ai.conversation.id": s.session_id,
+                "gen_ai.memory.store.id": s.session_id,
+            },
+        ) as span:
+            result = await (policy.run(call) if policy and idempotency_key else call())
+            if span is not None:
+                recorded(span, result, payloads)
         if result.duplicate:
             return result.seqs
         self._state.advance(result.seq, result.last_hash, view_tokens=result.view_tokens)

@@ -458,6 +458,31 @@ async def rollback(ctx: click.Context, session_id: str, target: str) -> None:
 
 @main.command(context_settings=CONTEXT)
 @target_options
+@click.argument("source")
+@click.argument("new")
+@click.option(
+    "--at", "at", default=None, help="A checkpoint label or a seq to fork at (default: the head)."
+)
+@_json_option
+@click.pass_context
+@_run
+async def fork(ctx: click.Context, source: str, new: str, at: str | None, as_json: bool) -> None:
+    """Fork SOURCE into a new session NEW (copy-on-write: nothing is copied)."""
+    async with _open(ctx) as ledger:
+        target: int | str | None = int(at) if at is not None and at.isdigit() else at
+        session = await ledger.fork(source, new, at=target)
+        parent = session.parent
+    if as_json:
+        _echo_json({"session_id": new, "head": session.head, "parent": parent})
+        return
+    assert parent is not None
+    console.print(
+        f"forked {escape(new)} from {escape(parent[0])} at seq {parent[1]} (head {session.head})"
+    )
+
+
+@main.command(context_settings=CONTEXT)
+@target_options
 @click.argument("session_id", required=False)
 @click.option("--all", "all_", is_flag=True, help="Verify every session.")
 @click.option("--anchor", "anchor", default=None, help="SEQ:HASH the chain must still reach.")

@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 import structlog
 
 from contextledger import hooks as hk
+from contextledger import telemetry
 from contextledger.core.budget import Budget, Usage
 from contextledger.core.compaction import RequestPlanner, plan, prune_tool_outputs
 from contextledger.core.compaction.request import thresholds
@@ -54,6 +55,8 @@ class CompactedSession(Protocol):
 
     @property
     def config(self) -> ContextConfig: ...
+    @property
+    def head(self) -> int: ...
     def budget(self, token_budget: int | None = None) -> Budget: ...
     async def usage(self) -> Usage: ...
     async def get_token_count(self) -> int: ...
@@ -107,6 +110,29 @@ class Compactor:
             )
         if trigger not in ("manual", "auto"):
             raise InvalidArgument("trigger is 'manual' or 'auto'", field="trigger")
+        with telemetry.span(
+            f"compact_events {name}",
+            {
+                "gen_ai.operation.name": "compact_events",
+                "gen_ai.conversation.id": self._s.session_id,
+                "gen_ai.compaction.trigger": trigger,
+                "gen_ai.compaction.strategy": name,
+                "contextledger.seq": self._s.head,
+            },
+        ) as span:
+            saved = await self._compact(name, trigger, token_budget, span)
+            if span is not None:
+                span.set_attribute("contextledger.seq", self._s.head)
+                span.set_attribute("gen_ai.compaction.tokens_saved", saved)
+            return saved
+
+    async def _compact(
+        self,
+        name: str,
+        trigger: Literal["manual", "auto"],
+        token_budget: int | None,
+        span: Any | None,
+    ) -> int:
         budget = self._s.budget(token_budget).available
         _, _, target = thresholds(max(1, budget), self._state.config)
         items = await self._state.store.read_view(self._s.session_id)
@@ -114,8 +140,13 @@ class Compactor:
         decision = await hk.decide(
             self._s.pre_compact, CompactContext(trigger, before, target, len(items), None)
         )
+        if span is not None:
+            span.set_attribute("gen_ai.compaction.tokens_before", before)
+            span.set_attribute("gen_ai.compaction.event_count", len(items))
         if decision.cancel:
             log.info("compaction_cancelled", session_id=self._s.session_id, trigger=trigger)
+            if span is not None:
+                span.set_attribute("gen_ai.compaction.outcome", "cancelled")
             return 0
         await self._s.hooks.emit(
             hk.PRE_COMPACT,
@@ -156,6 +187,10 @@ class Compactor:
         finally:
             self._compacting = False
         after = await self._s.get_token_count()
+        if span is not None:
+            span.set_attribute("gen_ai.compaction.tokens_after", after)
+            span.set_attribute("gen_ai.compaction.strategy", used)
+            span.set_attribute("gen_ai.compaction.outcome", "applied" if saved else "nothing")
         await self._s.hooks.emit(
             hk.POST_COMPACT,
             {
@@ -414,6 +449,28 @@ class Compactor:
     async def _summarize_range(
         self, covered: Sequence[ViewItem], prior: ViewItem | None, first: tuple[int, int]
     ) -> None:
+        """The background summary, traced as a compaction (trigger ``background``)."""
+        with telemetry.span(
+            "compact_events summarize",
+            {
+                "gen_ai.operation.name": "compact_events",
+                "gen_ai.conversation.id": self._s.session_id,
+                "gen_ai.compaction.trigger": "background",
+                "gen_ai.compaction.strategy": "summarize",
+                "gen_ai.compaction.event_count": len(covered),
+                "gen_ai.compaction.tokens_before": sum(i.tokens for i in covered),
+                "contextledger.seq": self._s.head,
+            },
+        ) as span:
+            await self._summarize_in_background(covered, prior, first, span)
+
+    async def _summarize_in_background(
+        self,
+        covered: Sequence[ViewItem],
+        prior: ViewItem | None,
+        first: tuple[int, int],
+        span: Any | None,
+    ) -> None:
         scfg = self._state.config.summarizer
         counter = self._s.counter
         try:
@@ -449,6 +506,10 @@ class Compactor:
                 first[0], last[0], message, tokens, audit, from_part=first[1], to_part=last[1]
             )
             await self._s._append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
+            if span is not None:
+                span.set_attribute("gen_ai.compaction.tokens_after", tokens)
+                span.set_attribute("gen_ai.compaction.outcome", "applied")
+                span.set_attribute("contextledger.seq", self._s.head)
             self.summary_failure = None
             await self._s.hooks.emit(
                 hk.SUMMARIZATION,
@@ -469,6 +530,9 @@ class Compactor:
                 else CompactionError(f"background summary failed: {exc}", code="SUMMARY_FAILED")
             )
             self.summary_failure = failure
+            if span is not None:
+                span.set_attribute("gen_ai.compaction.outcome", "failed")
+                span.set_attribute("error.type", failure.code)
             log.warning(
                 "summary_failed",
                 session_id=self._s.session_id,

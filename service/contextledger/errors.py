@@ -148,6 +148,14 @@ class SessionExists(Conflict):
     code = "SESSION_EXISTS"
 
 
+class SessionHasForks(Conflict):
+    """The session cannot be purged: forks stand on its events (``forks`` names them).
+
+    A fork reads its prefix from its parent, so the parent goes only after its forks."""
+
+    code = "SESSION_HAS_FORKS"
+
+
 class CheckpointNotFound(NotFound):
     """The checkpoint named (by object, label or seq) is not one of this session's."""
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from contextledger import telemetry
 from contextledger._checks import check_mapping, check_session_id, check_text
 from contextledger.appends import utc_now
 from contextledger.core.chain import Anchor, VerifyReport
@@ -33,8 +34,9 @@ from contextledger.errors import (
 )
 from contextledger.hooks import PreCompactHandler
 from contextledger.retry import RetryPolicy
+from contextledger.rollback import fork_seq
 from contextledger.session import Session
-from contextledger.store.base import Erasure, RebuildReport, SessionInfo, Store
+from contextledger.store.base import Checkpoint, Erasure, RebuildReport, SessionInfo, Store
 from contextledger.store.dsn import DSN_ENV, redact, resolve_target
 from contextledger.store.memory import MemoryStore
 from contextledger.store.sealing import KeyRing, keyring_from
@@ -350,6 +352,52 @@ class Ledger:
             session._state.config = wanted  # same settings, possibly with this process's secrets
         return session
 
+    async def fork(
+        self,
+        source_id: str,
+        new_id: str,
+        *,
+        at: Checkpoint | str | int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Session:
+        """Fork ``source_id`` at ``at`` (a ``Checkpoint``, a label, a seq; default its head)
+        into a new session ``new_id`` and open it.
+
+        Copy-on-write: one ``session.forked`` event pointing at (parent, seq, hash), no
+        copy of the parent's events, whatever its length. The fork's view is the
+        parent's ``view_at(seq)`` item for item; ``verify`` of the fork covers the
+        parent prefix; the parent goes on unaffected. ``metadata`` defaults to the
+        parent's. ``SessionExists`` if ``new_id`` is taken.
+        """
+        self._check_open()
+        check_session_id(source_id)
+        check_session_id(new_id)
+        meta = check_mapping(metadata, "metadata") if metadata is not None else None
+        info = await self.store.session_info(source_id)
+        seq = await fork_seq(at, lambda: self.store.checkpoints(source_id), source_id, info.head)
+        with telemetry.span(
+            "fork_memory",
+            {
+                "gen_ai.operation.name": "fork_memory",
+                "gen_ai.conversation.id": new_id,
+                "contextledger.parent.id": source_id,
+                "contextledger.parent.seq": seq,
+            },
+        ):
+            await self.store.fork_session(
+                new_id,
+                source_id,
+                seq,
+                created_at=utc_now(),
+                metadata=info.metadata if meta is None else meta,
+            )
+        return await self.session(new_id, create=False)
+
+    async def forks(self, session_id: str) -> list[str]:
+        """The ids of the sessions forked directly from ``session_id``."""
+        self._check_open()
+        return await self.store.forks(check_session_id(session_id))
+
     async def sessions(
         self, *, after: tuple[datetime, str] | None = None, limit: int | None = None
     ) -> list[SessionInfo]:
@@ -444,12 +492,19 @@ class Ledger:
         return receipts
 
     async def forks_of(self, session_id: str) -> list[str]:
-        """The sessions forked from ``session_id`` (and from those, transitively).
-
-        FORK WIRING: forks land in parallel (``session.forked``); until then no session
-        has a parent and this is empty. The fork work replaces this body with its lineage
-        query; ``erase`` already cascades through whatever it returns."""
-        return []
+        """The sessions forked from ``session_id`` (and from those, transitively), by the
+        index on the parent column. (``fork`` refuses a sealed parent today, so an erased
+        session has none; the cascade stays for when sealed forks come.)"""
+        found: list[str] = []
+        todo = [session_id]
+        while todo:
+            try:
+                children = await self.store.forks(todo.pop())
+            except SessionNotFound:  # erased (or gone) with no fork standing on it
+                continue
+            found += children
+            todo += children
+        return found
 
     async def erase_forks(
         self, children: list[str], reason: str, actor: str | None

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from contextledger.core.config import ContextConfig
 from contextledger.core.tokens import TokenCounter
 from contextledger.hooks import PreCompactHandler
-from contextledger.store.base import Store
+from contextledger.store.base import Checkpoint, Store
 
 __all__ = ["ContextManager", "LedgerHandle"]
 
@@ -45,6 +45,14 @@ class LedgerHandle(Protocol):
     def counter_for(self, model: str | None, config: ContextConfig) -> TokenCounter: ...
     async def warm_counter(self, model: str | None, config: ContextConfig) -> TokenCounter: ...
     async def warm_model(self, model: str, config: ContextConfig) -> None: ...
+    async def fork(
+        self,
+        source_id: str,
+        new_id: str,
+        *,
+        at: Checkpoint | str | int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Any: ...  # a Session (named here, the import graph would have a cycle)
 
 
 @runtime_checkable

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import structlog
 
 from contextledger import hooks as hk
+from contextledger import telemetry
 from contextledger.core.config import REDACTED, ContextConfig, RecallConfig
 from contextledger.core.recall import (
     CARRIED_KINDS,
@@ -126,6 +127,52 @@ async def recall_for_request(
     query = query_text(view)
     if not config.enabled or not query.strip() or budget_tokens <= 0:
         return RecallBlock(None, (), 0, query)
+    with telemetry.span(
+        "search_memory",
+        {
+            "gen_ai.operation.name": "search_memory",
+            "gen_ai.conversation.id": session_id,
+            "gen_ai.memory.store.id": session_id,
+            "gen_ai.request.top_k": config.max_matches,
+            "contextledger.seq": upto_seq,
+            "contextledger.recall.engine": config.engine,
+            "contextledger.replay": branch is not None,
+            "gen_ai.memory.query.text": query if telemetry.capture_content() else None,
+        },
+    ) as span:
+        block = await _recall(
+            store,
+            session_id,
+            query,
+            view=view,
+            budget_tokens=budget_tokens,
+            config=config,
+            counter=counter,
+            upto_seq=upto_seq,
+            branch=branch,
+            api_key=api_key,
+            hop=hop,
+        )
+        if span is not None:
+            span.set_attribute("gen_ai.memory.record.count", len(block.seqs))
+            span.set_attribute("contextledger.recall.tokens", block.tokens)
+        return block
+
+
+async def _recall(
+    store: Store,
+    session_id: str,
+    query: str,
+    *,
+    view: Sequence[ViewItem],
+    budget_tokens: int,
+    config: RecallConfig,
+    counter: TokenCounter,
+    upto_seq: int,
+    branch: Collection[int] | None,
+    api_key: str | None,
+    hop: bool,
+) -> RecallBlock:
     anchor = query_anchor(view, upto_seq)
     carried = carried_seqs(view, anchor)
     matches, messages = await store.search_messages(

@@ -14,7 +14,7 @@ from contextledger.core.events import RolledBack
 from contextledger.errors import CheckpointNotFound, InvalidArgument
 from contextledger.store.base import Checkpoint
 
-__all__ = ["rollback_event"]
+__all__ = ["fork_seq", "rollback_event"]
 
 
 async def rollback_event(
@@ -44,3 +44,18 @@ async def rollback_event(
             )
         return RolledBack(matches[-1].seq, matches[-1].seq, to)
     raise InvalidArgument("rollback takes a Checkpoint, a label or a seq")
+
+
+async def fork_seq(
+    at: Checkpoint | str | int | None,
+    checkpoints: Callable[[], Awaitable[list[Checkpoint]]],
+    session_id: str,
+    head: int,
+) -> int:
+    """The seq a fork of ``session_id`` stands on: ``at`` resolved as a rollback target
+    is (a ``Checkpoint``, a checkpoint label, a seq), the head when ``None``."""
+    if at is None:
+        return head
+    if isinstance(at, int) and not isinstance(at, bool) and not 1 <= at <= head:
+        raise InvalidArgument(f"at must be a seq in 1..{head}, got {at}", field="at")
+    return (await rollback_event(at, checkpoints, session_id)).to_seq

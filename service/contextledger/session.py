@@ -481,6 +481,26 @@ class Session:
 
     async def verify(self) -> VerifyReport:
         """Recompute the session's hash chain from its first event: ``report.ok``, or the
-        first bad seq and why. It reads every event (O(history)); a chain whose tail was
-        cut needs an anchor kept elsewhere (``ledger.verify(id, anchor=...)``)."""
+        first bad seq and why; a fork's covers the parent prefix it stands on. It reads
+        every event (O(history)); a chain whose tail was cut needs an anchor kept
+        elsewhere (``ledger.verify(id, anchor=...)``)."""
         return await self._store.verify(self.session_id)
+
+    async def fork(
+        self,
+        new_id: str,
+        at: Checkpoint | str | int | None = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Session:
+        """A new session ``new_id`` standing on this one at ``at`` (a ``Checkpoint``, a
+        label, a seq; default the head): one pointer event, nothing copied. Its view is
+        ``view_at(seq)`` of this session, item for item; this session goes on unaffected
+        (``Ledger.fork``)."""
+        forked: Session = await self._ledger.fork(self.session_id, new_id, at=at, metadata=metadata)
+        return forked
+
+    @property
+    def parent(self) -> tuple[str, int] | None:
+        """``(parent session id, seq)`` this session was forked from, if it is a fork."""
+        return self._state.info.parent

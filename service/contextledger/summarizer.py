@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from contextledger import telemetry
 from contextledger.core.summary.offline import OFFLINE_MODEL, OFFLINE_VERSION, offline_summary
 from contextledger.core.summary.prompt import SummaryRequest, build_prompt, shorten
 from contextledger.core.summary.validate import validate_summary
@@ -235,9 +236,33 @@ async def _call_model(
         kwargs["api_base"] = spec.api_base
     if spec.api_key is not None:
         kwargs["api_key"] = spec.api_key
-    # Belt and braces: litellm's timeout covers the HTTP call, this covers everything else.
-    async with asyncio.timeout(spec.timeout * 1.5 + 1.0):
-        response = await litellm.acompletion(**kwargs)
+    with telemetry.span(
+        f"chat {spec.model}",
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": _provider(litellm, spec.model),
+            "gen_ai.request.model": spec.model,
+            "gen_ai.request.max_tokens": max_tokens,
+        },
+        client=True,
+    ) as span:
+        # Belt and braces: litellm's timeout covers the HTTP call, this covers the rest.
+        async with asyncio.timeout(spec.timeout * 1.5 + 1.0):
+            response = await litellm.acompletion(**kwargs)
+        if span is not None:
+            usage = getattr(response, "usage", None)
+            for key, name in (
+                ("prompt_tokens", "gen_ai.usage.input_tokens"),
+                ("completion_tokens", "gen_ai.usage.output_tokens"),
+            ):
+                value = getattr(usage, key, None)
+                if isinstance(value, int):
+                    span.set_attribute(name, value)
+            if isinstance(getattr(response, "model", None), str):
+                span.set_attribute("gen_ai.response.model", response.model)
+            reason = getattr(response.choices[0], "finish_reason", None)
+            if isinstance(reason, str):
+                span.set_attribute("gen_ai.response.finish_reasons", [reason])
     choice = response.choices[0]
     content = getattr(choice.message, "content", None)
     return (
@@ -245,6 +270,14 @@ async def _call_model(
         getattr(choice, "finish_reason", None),
         _usage(response),
     )
+
+
+def _provider(litellm: Any, model: str) -> str:
+    """The provider litellm routes ``model`` to (``gen_ai.provider.name``)."""
+    try:
+        return str(litellm.get_llm_provider(model)[1])
+    except Exception:  # a model litellm does not know: its prefix, if any
+        return model.split("/", 1)[0] if "/" in model else "unknown"
 
 
 async def _notify(cb: FallbackCallback | None, src: str, dst: str, exc: BaseException) -> None:

@@ -40,6 +40,7 @@ from contextledger import (
     Ledger,
     OwnedLedger,
     Session,
+    SessionExists,
     SessionNotFound,
 )
 from contextledger.extras import missing_extra
@@ -504,6 +505,33 @@ class LedgerSessionService(BaseSessionService):
         }
         await handle.add_message(tombstone)
         self._states.pop(lid, None)
+
+    async def fork_session(
+        self,
+        *,
+        app_name: str,
+        user_id: str,
+        session_id: str,
+        new_session_id: str | None = None,
+    ) -> AdkSession:
+        """A new ADK session with this one's events and state so far, which then goes on
+        on its own (what google/adk-python #4010 asks for): a ledger fork, copy-on-write,
+        so nothing is copied however long the session is, and its history verifies
+        through the source's. ``SessionNotFoundError`` if the source is absent or
+        deleted, ``AlreadyExistsError`` if ``new_session_id`` is taken."""
+        lid = ledger_session_id(app_name, user_id, session_id)
+        await self._raise_if_gone(lid, session_id)
+        sid = new_session_id if new_session_id is not None else str(uuid.uuid4())
+        new_lid = ledger_session_id(app_name, user_id, sid)
+        meta = {"adk": {"app_name": app_name, "user_id": user_id, "session_id": sid}}
+        try:
+            handle = await (await self._get_ledger()).fork(lid, new_lid, metadata=meta)
+        except SessionExists as exc:
+            raise AlreadyExistsError(f"Session with id {sid} already exists.") from exc
+        self._handles[new_lid] = handle
+        forked = await self.get_session(app_name=app_name, user_id=user_id, session_id=sid)
+        assert forked is not None
+        return forked
 
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
         return await self._scoped_state(_user_state_id(app_name, user_id))

@@ -14,7 +14,7 @@ from json.encoder import encode_basestring
 from typing import Any
 
 from contextledger.core.encoding import canonical_json, has_float
-from contextledger.core.events import Event, Payload, payload_tokens
+from contextledger.core.events import Event, Payload, SessionForked, payload_tokens
 from contextledger.errors import InvalidArgument
 
 GENESIS_HASH = "0" * 64
@@ -191,11 +191,44 @@ def rehash(event: Event, prev_hash: str, data: Mapping[str, Any]) -> str:
 def verify_chain(
     session_id: str, events: Iterable[Event], head: int, last_hash: str
 ) -> VerifyReport:
-    """Walk the hash chain; report the first seq whose hash or numbering is wrong."""
+    """Walk the hash chain; report the first seq whose hash or numbering is wrong.
+
+    A fork's events start with its parent's (recursively): each ``session.forked``
+    must follow the very event it names (parent id, seq and hash), the events before
+    it belong to that parent and those after it to the fork, so the walk proves the
+    fork's own chain and the prefix it stands on, and the last owner is ``session_id``.
+    """
     prev = GENESIS_HASH
     count = 0
+    owner: str | None = None
     for event in events:
         count += 1
+        if owner is None:
+            owner = event.session_id
+        if isinstance(event.payload, SessionForked):
+            fork = event.payload
+            if (fork.parent_session_id, fork.parent_seq, fork.parent_hash) != (
+                owner,
+                event.seq - 1,
+                prev,
+            ) or event.session_id == owner:
+                return VerifyReport(
+                    session_id,
+                    False,
+                    count,
+                    event.seq,
+                    f"fork point does not match: it names {fork.parent_session_id!r} at seq "
+                    f"{fork.parent_seq}, the chain before it is {owner!r} at {event.seq - 1}",
+                )
+            owner = event.session_id
+        elif event.session_id != owner:
+            return VerifyReport(
+                session_id,
+                False,
+                count,
+                event.seq,
+                f"event of session {event.session_id!r} inside {owner!r}'s part of the chain",
+            )
         if event.seq != count:
             return VerifyReport(
                 session_id,
@@ -221,6 +254,10 @@ def verify_chain(
             count,
             min(count, head) + 1,
             f"session head is {head} but {count} events exist",
+        )
+    if count and owner != session_id:
+        return VerifyReport(
+            session_id, False, count, count, f"the chain ends in session {owner!r}, not this one"
         )
     if count and prev != last_hash:
         return VerifyReport(

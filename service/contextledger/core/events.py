@@ -154,6 +154,41 @@ class RolledBack(Payload):
 
 
 @dataclass(frozen=True)
+class SessionForked(Payload):
+    """The first event of a fork: it stands on ``parent_session_id``'s chain at ``parent_seq``.
+
+    Nothing is copied: seqs ``1..parent_seq`` of the fork are the parent's events (read
+    from the parent, recursively for a fork of a fork), this event is ``parent_seq + 1``
+    and its hash chains onto ``parent_hash``, so ``verify`` of the fork proves the
+    parent prefix it stands on. The view right after it is the parent's view at
+    ``parent_seq``.
+    """
+
+    TYPE: ClassVar[str] = "session.forked"
+    parent_session_id: str
+    parent_seq: int
+    parent_hash: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "parent_session_id": self.parent_session_id,
+            "parent_seq": self.parent_seq,
+            "parent_hash": self.parent_hash,
+            "metadata": dict(self.metadata),
+        }
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> SessionForked:
+        return cls(
+            str(data["parent_session_id"]),
+            int(data["parent_seq"]),
+            str(data["parent_hash"]),
+            data.get("metadata") or {},
+        )
+
+
+@dataclass(frozen=True)
 class SummaryRecorded(Payload):
     """One summary item replaces the view items placed in ``from_seq..to_seq``.
 
@@ -290,6 +325,7 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
     cls.TYPE: cls
     for cls in (
         SessionCreated,
+        SessionForked,
         MessageAppended,
         MessagesReplaced,
         SessionCleared,

@@ -29,6 +29,7 @@ from contextledger.core.events import (
     RolledBack,
     SessionCleared,
     SessionCreated,
+    SessionForked,
     SummaryRecorded,
 )
 from contextledger.core.view import ORD_STRIDE, ViewItem
@@ -122,7 +123,7 @@ def apply(state: ViewState, event: Event, state_at: StateAt | None = None) -> Vi
         return replace(state, head=seq, branch=items, view=items, counter=counter)
     if isinstance(p, SessionCleared):
         return replace(state, head=seq, branch=(), view=())
-    if isinstance(p, CheckpointCreated):
+    if isinstance(p, CheckpointCreated | SessionForked):
         return replace(state, head=seq)
     if isinstance(p, RolledBack):
         if state_at is None:

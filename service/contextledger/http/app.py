@@ -19,6 +19,7 @@ from contextledger.http.lane import Lane
 from contextledger.http.metrics import Metrics
 from contextledger.http.settings import Settings
 from contextledger.http.tenancy import Tenants
+from contextledger.http.tracing import TraceContext
 from contextledger.http.upstream import CONTROL, Relay
 from contextledger.http.watch import Watches
 
@@ -144,4 +145,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # before the lane and every route: size, media type, same-site, Host (http/guard.py)
     app.add_middleware(Guard, settings=settings)
     app.add_middleware(AccessLog, metrics=metrics)
+    app.add_middleware(TraceContext)  # outermost: the caller's trace is every span's parent
     return app

@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -80,6 +81,19 @@ class Rollback(BaseModel):
     to: str | int = Field(description="a checkpoint label, or a seq")
 
 
+class Fork(BaseModel):
+    """``POST /v1/sessions/{id}/fork``: the new session's id and where it stands."""
+
+    model_config = ConfigDict(extra="forbid")
+    session_id: str = Field(min_length=1, max_length=200, pattern=SESSION_ID_PATTERN)
+    at: Annotated[str, Field(min_length=1, max_length=200)] | int | None = Field(
+        default=None, description="a checkpoint label, or a seq; default the head"
+    )
+    metadata: dict[str, Any] | None = Field(
+        default=None, description="the fork's metadata; default the parent's"
+    )
+
+
 class Compact(BaseModel):
     model_config = ConfigDict(extra="forbid")
     strategy: str | None = Field(default=None, max_length=40)
@@ -112,6 +126,9 @@ def session_out(info: SessionInfo) -> dict[str, Any]:
         "head": info.head,
         "view_tokens": info.view_tokens,
         "view_count": info.view_count,
+        "parent": (
+            None if info.parent is None else {"session_id": info.parent[0], "seq": info.parent[1]}
+        ),
     }
 
 
@@ -394,6 +411,20 @@ async def rollback(
     session = await open_session(request, tenant, session_id)
     seq = await session.rollback(body.to)
     return {"seq": seq, "head": session.head}
+
+
+@router.post("/{session_id}/fork", status_code=201, response_model=None)
+async def fork(session_id: str, body: Fork, request: Request, tenant: Tenant) -> JSONResponse:
+    """A new session standing on this one at ``at`` (copy-on-write: one pointer event,
+    nothing copied); its view is this session's view at that seq, item for item."""
+    ledger = await tenants_of(request).ledger(tenant)
+    await open_session(request, tenant, session_id)  # 404 before anything else
+    new = await ledger.fork(session_id, body.session_id, at=body.at, metadata=body.metadata)
+    return JSONResponse(
+        session_out(await new.refresh()),
+        status_code=201,
+        headers={"Location": f"/v1/sessions/{quote(body.session_id, safe='')}"},
+    )
 
 
 @router.post("/{session_id}/compact")

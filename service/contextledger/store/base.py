@@ -42,6 +42,9 @@ class SessionInfo:
     erased_at: datetime | None = None
     #: Whether its content is sealed under a data key of its own (erasable).
     sealed: bool = False
+    #: ``(parent session id, parent seq)`` for a fork (its seqs up to that one are the
+    #: parent's events); ``None`` for a session of its own.
+    parent: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,29 @@ class Store(abc.ABC):
         self, session_id: str, payload: SessionCreated, *, created_at: datetime
     ) -> SessionInfo:
         """Write seq 1 (``session.created``); ``SessionExists`` if the id is taken."""
+
+    @abc.abstractmethod
+    async def fork_session(
+        self,
+        session_id: str,
+        parent_id: str,
+        parent_seq: int,
+        *,
+        created_at: datetime,
+        metadata: Mapping[str, Any],
+    ) -> SessionInfo:
+        """Create ``session_id`` as a fork of ``parent_id`` right after ``parent_seq``.
+
+        Writes one ``session.forked`` event (seq ``parent_seq + 1``, chained onto the
+        parent's hash at ``parent_seq``) and no copy of the parent's events: the fork's
+        seqs ``1..parent_seq`` are read from the parent. ``SessionExists`` if the id is
+        taken, ``SessionNotFound`` without the parent, ``SeqOutOfRange`` outside
+        ``1..parent head``.
+        """
+
+    @abc.abstractmethod
+    async def forks(self, session_id: str) -> list[str]:
+        """The ids of the sessions forked directly from ``session_id``, sorted."""
 
     @abc.abstractmethod
     async def session_info(self, session_id: str) -> SessionInfo:

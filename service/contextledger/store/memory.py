@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from bisect import bisect_right
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from contextledger.core.events import (
     MessageAppended,
     Payload,
     SessionCreated,
+    SessionForked,
     decode,
 )
 from contextledger.core.projection import (
@@ -36,8 +37,10 @@ from contextledger.core.view import ViewItem
 from contextledger.errors import (
     IdempotencyConflict,
     InvalidArgument,
+    SeqOutOfRange,
     SessionErased,
     SessionExists,
+    SessionHasForks,
     SessionNotEncrypted,
     SessionNotFound,
 )
@@ -223,6 +226,14 @@ class MemoryStore(Store):
             stream = self._erased.pop(session_id)
         else:
             stream = self._get(session_id)
+            forks = await self.forks(session_id)
+            if forks:
+                raise SessionHasForks(
+                    f"session {session_id!r} has forks standing on it ({', '.join(forks)}): "
+                    "purge them first",
+                    session_id=session_id,
+                    forks=forks,
+                )
             del self._streams[session_id]
             self._sealers.pop(session_id, None)
         self._purges.append(
@@ -277,6 +288,63 @@ class MemoryStore(Store):
         )
         self._streams[session_id] = _Stream(info, [event], state)
         return info
+
+    async def fork_session(
+        self,
+        session_id: str,
+        parent_id: str,
+        parent_seq: int,
+        *,
+        created_at: datetime,
+        metadata: Mapping[str, Any],
+    ) -> SessionInfo:
+        """The parent's events up to ``parent_seq`` are shared (the list holds the same
+        immutable ``Event`` objects, as PostgreSQL reads them from the parent's rows)."""
+        if session_id in self._streams:
+            raise SessionExists(f"session {session_id!r} already exists", session_id=session_id)
+        parent = self._get(parent_id)
+        head = parent.state.head
+        if not 1 <= parent_seq <= head:
+            raise SeqOutOfRange(
+                f"cannot fork at seq {parent_seq}: session {parent_id!r} runs 1..{head}",
+                seq=parent_seq,
+                head=head,
+            )
+        prefix = parent.events[:parent_seq]
+        # at or before the parent's own fork point the seq is an ancestor's event: the
+        # fork stands on that ancestor (the same events), as in PostgreSQL
+        parent_id = prefix[-1].session_id
+        state = parent.current() if parent_seq == head else fold(prefix)
+        payload = SessionForked(parent_id, parent_seq, prefix[-1].hash, dict(metadata))
+        event = make_event(
+            session_id, parent_seq + 1, payload, prefix[-1].hash, created_at=created_at
+        )
+        event = replace(event, data=copy.deepcopy(payload.to_data()), position=len(prefix) + 1)
+        state = apply(state, event)
+        info = SessionInfo(
+            session_id,
+            created_at,
+            state.model,
+            state.config,
+            dict(metadata),
+            event.seq,
+            event.hash,
+            state.view_tokens,
+            len(state.view),
+            parent=(parent_id, parent_seq),
+        )
+        stream = _Stream(info, [*prefix, event])
+        stream.adopt(state)
+        self._streams[session_id] = stream
+        return info
+
+    async def forks(self, session_id: str) -> list[str]:
+        self._get(session_id)
+        return sorted(
+            sid
+            for sid, s in self._streams.items()
+            if s.info.parent is not None and s.info.parent[0] == session_id
+        )
 
     async def session_info(self, session_id: str) -> SessionInfo:
         return self._get(session_id).info

@@ -444,3 +444,44 @@ async def test_appending_to_a_deleted_session_is_session_not_found(ledger: Ledge
     stranger = AdkSession(id="gone", app_name=APP, user_id=USER)
     with pytest.raises(SessionNotFoundError):
         await LedgerSessionService(ledger=ledger).append_event(stranger, user_event("x", 1.0))
+
+
+async def test_fork_session_goes_on_apart_from_its_source(ledger: Ledger) -> None:
+    """ADK #4010's fork: the events and state so far, then two sessions on their own."""
+    service = LedgerSessionService(ledger=ledger)
+    source = await service.create_session(
+        app_name=APP, user_id=USER, session_id="main", state={"k": 0}
+    )
+    first = user_event("plan the trip", 1000.0, state_delta={"k": 1})
+    await service.append_event(source, first)
+    fork = await service.fork_session(
+        app_name=APP, user_id=USER, session_id="main", new_session_id="alt"
+    )
+    assert fork.id == "alt" and fork.events == [first] and fork.state == {"k": 1}
+    await service.append_event(fork, user_event("go by train", 1001.0, state_delta={"k": 2}))
+    source = await service.get_session(app_name=APP, user_id=USER, session_id="main")
+    assert source is not None
+    await service.append_event(source, user_event("go by plane", 1002.0))
+    alt = await service.get_session(app_name=APP, user_id=USER, session_id="alt")
+    main = await service.get_session(app_name=APP, user_id=USER, session_id="main")
+    assert alt is not None and main is not None
+    assert [e.content.parts[0].text for e in alt.events if e.content and e.content.parts] == [
+        "plan the trip",
+        "go by train",
+    ]
+    assert [e.content.parts[0].text for e in main.events if e.content and e.content.parts] == [
+        "plan the trip",
+        "go by plane",
+    ]
+    assert alt.state == {"k": 2} and main.state == {"k": 1}
+    listed = await service.list_sessions(app_name=APP, user_id=USER)
+    assert sorted(s.id for s in listed.sessions) == ["alt", "main"]
+    handle = await ledger.session(ledger_session_id(APP, USER, "alt"), create=False)
+    assert handle.parent is not None and (await handle.verify()).ok
+    with pytest.raises(AlreadyExistsError):
+        await service.fork_session(
+            app_name=APP, user_id=USER, session_id="main", new_session_id="alt"
+        )
+    await service.delete_session(app_name=APP, user_id=USER, session_id="main")
+    with pytest.raises(SessionNotFoundError):
+        await service.fork_session(app_name=APP, user_id=USER, session_id="main")

@@ -27,6 +27,7 @@ from contextledger.core.events import (
     RolledBack,
     SessionCleared,
     SessionCreated,
+    SessionForked,
     SummaryRecorded,
     decode,
     payload_tokens,
@@ -65,6 +66,8 @@ SAMPLES: list[Payload] = [
     ConfigChanged({"max_tokens": 1000}),
     ModelChanged("claude", "anthropic", (((2, 0), 10), ((3, 1), 4))),
     ModelChanged(None, ""),
+    SessionForked("parent", 7, "ab" * 32, {"owner": "t"}),
+    SessionForked("parent", 1, "00" * 32),
 ]
 
 
@@ -79,7 +82,7 @@ def test_payload_round_trips_through_its_data(payload: Payload) -> None:
 
 def test_every_payload_type_has_a_sample() -> None:
     assert {p.TYPE for p in SAMPLES} == set(PAYLOAD_TYPES)
-    assert len(PAYLOAD_TYPES) == 10
+    assert len(PAYLOAD_TYPES) == 11
 
 
 def test_payload_data_is_literal_json() -> None:

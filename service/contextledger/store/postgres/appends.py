@@ -42,6 +42,8 @@ from contextledger.store.base import (
 )
 from contextledger.store.batching import AppendBatcher
 from contextledger.store.errors import translated
+from contextledger.store.lineage import owner_of
+from contextledger.store.postgres.forks import Lineages
 from contextledger.store.postgres.statements import (
     _RETRIES,
     APPEND_MESSAGE,
@@ -55,10 +57,9 @@ from contextledger.store.postgres.statements import (
     _item,
     _stored,
 )
-from contextledger.store.postgres.tips import ChainTips
 
 
-class Appends(ChainTips):
+class Appends(Lineages):
     """The three append paths and the view writes they share with ``rebuild``."""
 
     _batcher: AppendBatcher
@@ -107,9 +108,10 @@ class Appends(ChainTips):
         """The shared pure decision (``check_append_target``) with the stored hash it needs."""
         at = None
         if known is not None and known != (head, last_hash) and 0 < known[0] <= head:
+            lineage = await self._lineage(session_id)
             at = await conn.fetchval(
                 f"SELECT hash FROM {S}.events WHERE session_id = $1 AND seq = $2",
-                session_id,
+                owner_of(session_id, lineage, known[0]),
                 known[0],
             )
         check_append_target(
@@ -337,7 +339,11 @@ class Appends(ChainTips):
                         )
                     return AppendResult((dup[0],), True)
             await self._check_target(conn, session_id, head, last_hash, known, expected_seq)
-            view = tuple(_item(r, sealer) for r in await conn.fetch(READ_VIEW, session_id))
+            lineage = await self._lineage(session_id, conn)
+            if lineage:  # never sealed: fork_session refuses a sealed parent
+                view = await self._fork_view(conn, session_id, lineage)
+            else:
+                view = tuple(_item(r, sealer) for r in await conn.fetch(READ_VIEW, session_id))
             state = ViewState(head=head, view=view, model=row[2], config=json.loads(row[3]))
             history: list[Event] | None = None
 
@@ -346,14 +352,18 @@ class Appends(ChainTips):
                 return fold(history, until=seq)
 
             if any(p.TYPE == "session.rolled_back" for p in payloads):
-                history = [
-                    _event(session_id, r, sealer)
-                    for r in await conn.fetch(
-                        f"SELECT {EVENT_COLUMNS} FROM {S}.events"
-                        " WHERE session_id = $1 ORDER BY seq",
-                        session_id,
-                    )
-                ]
+                history = (
+                    await self._lineage_events(conn, session_id, lineage, 1, head)
+                    if lineage
+                    else [
+                        _event(session_id, r, sealer)
+                        for r in await conn.fetch(
+                            f"SELECT {EVENT_COLUMNS} FROM {S}.events"
+                            " WHERE session_id = $1 ORDER BY seq",
+                            session_id,
+                        )
+                    ]
+                )
             step = record_events(
                 state,
                 session_id,

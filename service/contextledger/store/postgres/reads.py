@@ -16,6 +16,8 @@ from contextledger.store.base import (
     ViewTail,
 )
 from contextledger.store.errors import translated, translated_iter
+from contextledger.store.lineage import segments
+from contextledger.store.postgres.forks import Lineages
 from contextledger.store.postgres.statements import (
     _TAIL_ROW,
     BRANCH_SEQ,
@@ -29,15 +31,17 @@ from contextledger.store.postgres.statements import (
     _is_result,
     _item,
 )
-from contextledger.store.postgres.tips import ChainTips
 from contextledger.store.sealing import is_sealed_message
 
 
-class Reads(ChainTips):
+class Reads(Lineages):
     """Reads of the view, its tail, the branch and the events."""
 
     @translated
     async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
+        lineage = await self._lineage(session_id)
+        if lineage:
+            return await self._fork_view(self._pool, session_id, lineage)
         sealer = await self._sealer(session_id, fresh=True)
         rows = await self._pool.fetch(READ_VIEW, session_id)
         if not rows:
@@ -47,7 +51,10 @@ class Reads(ChainTips):
     @translated
     async def read_view_tail(self, session_id: str, max_tokens: int) -> ViewTail:
         """The tail of the view from the end, a page at a time (primary-key range scans):
-        O(max_tokens) rows, whatever the history; then the pinned items before it."""
+        O(max_tokens) rows, whatever the history; then the pinned items before it.
+        A fork's is cut from its whole view (``read_view``, O(view))."""
+        if await self._lineage(session_id):
+            return await super().read_view_tail(session_id, max_tokens)
         sealer = await self._sealer(session_id, fresh=True)
         async with (
             self._pool.acquire() as conn,
@@ -136,6 +143,15 @@ class Reads(ChainTips):
 
     @translated
     async def read_branch(self, session_id: str) -> list[dict[str, Any]]:
+        lineage = await self._lineage(session_id)
+        if lineage:
+            async with (
+                self._pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                return [
+                    json.loads(r[3]) for r in await self._fork_branch(conn, session_id, lineage)
+                ]
         sealer = await self._sealer(session_id, fresh=True)
         rows = await self._pool.fetch(READ_BRANCH, session_id)
         if not rows:
@@ -171,18 +187,21 @@ class Reads(ChainTips):
     ) -> AsyncIterator[Event]:
         sealer = await self._sealer(session_id, fresh=True) if opened else None
         upper = to_seq if to_seq is not None else 2**62
-        cursor = from_seq
-        while True:
-            rows = await self._pool.fetch(
-                f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1"
-                " AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
-                session_id,
-                cursor,
-                upper,
-                page,
-            )
-            for row in rows:
-                yield _event(session_id, row, sealer)
-            if len(rows) < page:
-                return
-            cursor = rows[-1][0] + 1
+        lineage = await self._lineage(session_id)
+        for owner, lo, hi in segments(session_id, lineage, from_seq, upper):
+            cursor = lo
+            while True:
+                rows = await self._pool.fetch(
+                    f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1"
+                    " AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
+                    owner,
+                    cursor,
+                    hi,
+                    page,
+                )
+                # a fork is never sealed: only its own part can be (none, today)
+                for row in rows:
+                    yield _event(owner, row, sealer if owner == session_id else None)
+                if len(rows) < page:
+                    break
+                cursor = rows[-1][0] + 1

@@ -31,9 +31,11 @@ from contextledger.store.lexical import (
     B,
     read_from,
 )
+from contextledger.store.lineage import segments
+from contextledger.store.postgres.forks import Lineages
 from contextledger.store.postgres.placeholders import bind
 from contextledger.store.postgres.statements import _BRANCH_BASE, S
-from contextledger.store.postgres.tips import ChainTips, _ClosedGate
+from contextledger.store.postgres.tips import _ClosedGate
 
 #: The text search configuration recall's stored vectors are built with (``event_search``).
 INDEX_TEXT_CONFIG = "english"
@@ -394,7 +396,7 @@ def search_statement(
     return bind(text, values, None)
 
 
-class Search(ChainTips):
+class Search(Lineages):
     """The recall search (``search``, ``search_messages``) on the search pool."""
 
     @translated
@@ -413,7 +415,7 @@ class Search(ChainTips):
     ) -> list[tuple[int, float]]:
         # The statement of ``search_messages`` (what requests use): the messages it reads
         # by key for the top matches are dropped here.
-        rows = await self._search(
+        rows = await self._search_lineage(
             session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
         )
         return [(r[0], float(r[1])) for r in rows if r[1] != 0]  # not the neighbours
@@ -432,12 +434,48 @@ class Search(ChainTips):
         head: int | None = None,
         hop: bool = False,
     ) -> tuple[list[tuple[int, float]], list[Recalled]]:
-        rows = await self._search(
+        rows = await self._search_lineage(
             session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
         )
         found = [(r[0], float(r[1])) for r in rows if r[1] != 0]  # the rest: neighbours
         recalled = [Recalled(r[0], json.loads(r[2]), r[3], r[4]) for r in rows]
         return found, sorted(recalled, key=attrgetter("seq"))
+
+    async def _search_lineage(
+        self,
+        session_id: str,
+        query: str,
+        exclude: Collection[int],
+        upto_seq: int,
+        branch: Collection[int] | None,
+        limit: int,
+        text_config: str,
+        head: int | None,
+        hop: bool = False,
+    ) -> list[Any]:
+        """``_search``; a fork's searches each session of its lineage (by that session's
+        id, the branch given as a replay's is), best first across them."""
+        lineage = await self._lineage(session_id)
+        if not lineage:
+            return await self._search(
+                session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
+            )
+        on = (
+            set(branch) if branch is not None else await self._fork_branch_seqs(session_id, lineage)
+        )
+        found: list[Any] = []
+        for owner, lo, hi in segments(session_id, lineage, 1, upto_seq):
+            part = {q for q in on if lo <= q <= hi}
+            if part:
+                found.extend(
+                    await self._search(
+                        owner, query, exclude, hi, part, limit, text_config, None, hop
+                    )
+                )
+        matches = sorted((r for r in found if r[1] > 0), key=lambda r: (-r[1], -r[0]))[:limit]
+        hopped = sorted((r for r in found if r[1] < 0), key=lambda r: (r[1], -r[0]))[:HOP_LIMIT]
+        neighbours = [r for r in found if r[1] == 0]
+        return [*matches, *hopped, *neighbours]
 
     async def _search(
         self,

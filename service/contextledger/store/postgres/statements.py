@@ -88,7 +88,8 @@ SELECT view_tokens FROM s
 SESSION_COLUMNS = (
     "session_id, created_at, model, config::text, metadata::text, head, "
     "last_hash, view_tokens, view_count, erased_at, "
-    f"EXISTS (SELECT 1 FROM {S}.session_keys k WHERE k.session_id = sessions.session_id)"
+    f"EXISTS (SELECT 1 FROM {S}.session_keys k WHERE k.session_id = sessions.session_id), "
+    "parent_session_id, parent_seq"
 )
 VIEW_COLUMNS = "ord, seq, part, kind, message::text, tokens, critical"
 #: A message event in the implicit tail, in the same columns as a view_items row.
@@ -131,6 +132,26 @@ SELECT e.seq * {ORD_STRIDE}, e.seq, 0 FROM {S}.events e
  WHERE e.session_id = $1 AND e.seq > {_BRANCH_BASE} AND e.type = 'message.appended'
 ORDER BY 1"""
 #: The seq behind the branch's $2-th message (0-based): its refs only, no message read.
+#: A fork's view tail in one session of its lineage (a fork reads its ancestors' message
+#: events up to its fork point by their own id, one statement each).
+SEGMENT_TAIL = f"""
+SELECT {_TAIL_ROW} FROM {S}.events e
+ WHERE e.session_id = $1 AND e.seq BETWEEN $2 AND $3 AND e.type = 'message.appended'
+ ORDER BY e.seq"""
+#: A fork's own part of its view in one statement (one snapshot): a first row with its
+#: watermark and head, then its materialized rows and its own message events after the
+#: watermark. The ancestors' messages between the watermark and the fork point are
+#: append-only, so they are read after it, by each ancestor's id, with no transaction.
+READ_FORK_VIEW = f"""
+SELECT -1::bigint, view_base, head, 'watermark', NULL::text, 0, false FROM {S}.sessions
+ WHERE session_id = $1
+UNION ALL
+SELECT {VIEW_COLUMNS} FROM {S}.view_items
+ WHERE session_id = $1 AND gen = {_VIEW_GEN}
+UNION ALL
+SELECT {_TAIL_ROW} FROM {S}.events e
+ WHERE e.session_id = $1 AND e.seq > {_VIEW_BASE} AND e.type = 'message.appended'
+ORDER BY 1"""
 BRANCH_SEQ = f"SELECT seq FROM ({READ_BRANCH_REFS}) refs OFFSET $2 LIMIT 1"
 #: User messages read back from the tail's start to find the latest human turn (the
 #: others are tool results in Anthropic's shape): a bound, so reopening stays O(budget).
@@ -153,6 +174,7 @@ def _info(row: asyncpg.Record) -> SessionInfo:
         row[8],
         row[9],
         row[10],
+        None if row[11] is None else (row[11], row[12]),
     )
 
 

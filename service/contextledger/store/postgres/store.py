@@ -25,6 +25,7 @@ from contextledger.errors import (
     InvalidArgument,
     KeyUnavailable,
     SessionExists,
+    SessionHasForks,
     SessionNotFound,
 )
 from contextledger.store.base import (
@@ -36,6 +37,7 @@ from contextledger.store.base import (
 from contextledger.store.batching import AppendBatcher
 from contextledger.store.dsn import asyncpg_dsn, redact
 from contextledger.store.errors import translate, translated
+from contextledger.store.lineage import Lineage, segments
 from contextledger.store.postgres.appends import Appends
 from contextledger.store.postgres.connections import _SEARCH_CONNECTION, _keep_session
 from contextledger.store.postgres.reads import Reads
@@ -106,6 +108,9 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         self._hot_max = hot_connections
         self._vectors: bool | None = None  # pgvector present? (asked once)
         self._closed: dict[str, _ClosedGate] = {}  # each session's last closed gate
+        #: each session's ancestry (``()``: no fork); a fork point never moves, so it is
+        #: read once (refreshed by ``session_info``, dropped by ``purge``)
+        self._lineages: dict[str, Lineage] = {}
 
     @classmethod
     @translated
@@ -246,6 +251,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             ) from None
         self._remember_head(session_id, (1, event.hash))
         self._sealers[session_id] = sealer
+        self._lineages[session_id] = ()
         return SessionInfo(
             session_id,
             created_at,
@@ -267,6 +273,11 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         if row is None:
             raise SessionNotFound.for_session(session_id)
         info = _info(row)
+        known = self._lineages.get(session_id)
+        if info.parent is None:
+            self._lineages[session_id] = ()
+        elif not known or known[-1] != info.parent:
+            self._lineages.pop(session_id, None)  # read again when needed
         if info.erased_at is not None:
             self._forget(session_id)
             raise _erased(session_id)
@@ -299,12 +310,20 @@ class PostgresStore(Appends, Reads, Search, Vectors):
 
     @translated
     async def checkpoints(self, session_id: str) -> list[Checkpoint]:
-        rows = await self._pool.fetch(
-            f"SELECT seq, data ->> 'label', created_at FROM {S}.events"
-            " WHERE session_id = $1 AND type = 'checkpoint.created' ORDER BY seq",
-            session_id,
-        )
-        return [Checkpoint(r[0], r[1], r[2]) for r in rows]
+        """The session's checkpoints (a fork's: its ancestors' up to each fork point too)."""
+        lineage = await self._lineage(session_id)
+        out: list[Checkpoint] = []
+        for owner, lo, hi in segments(session_id, lineage, 1, 2**62):
+            rows = await self._pool.fetch(
+                f"SELECT seq, data ->> 'label', created_at FROM {S}.events"
+                " WHERE session_id = $1 AND type = 'checkpoint.created'"
+                " AND seq BETWEEN $2 AND $3 ORDER BY seq",
+                owner,
+                lo,
+                hi,
+            )
+            out.extend(Checkpoint(r[0], r[1], r[2]) for r in rows)
+        return out
 
     @translated
     async def rebuild(self, session_id: str, *, repair: bool = True) -> RebuildReport:
@@ -317,16 +336,27 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             if row is None:
                 raise SessionNotFound.for_session(session_id)
             sealer = await self._sealer(session_id, conn=conn, fresh=True)
-            events = [
-                _event(session_id, r, sealer)
-                for r in await conn.fetch(
-                    f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1 ORDER BY seq",
-                    session_id,
-                )
-            ]
+            lineage = await self._lineage(session_id, conn)
+            if lineage:  # a fork is never sealed (fork_session refuses a sealed parent)
+                events = await self._lineage_events(conn, session_id, lineage, 1, row[3])
+            else:
+                events = [
+                    _event(session_id, r, sealer)
+                    for r in await conn.fetch(
+                        f"SELECT {EVENT_COLUMNS} FROM {S}.events WHERE session_id = $1"
+                        " ORDER BY seq",
+                        session_id,
+                    )
+                ]
             expected = fold(events)
-            view = tuple(_item(r, sealer) for r in await conn.fetch(READ_VIEW, session_id))
-            branch = [(r[0], r[1], r[2]) for r in await conn.fetch(READ_BRANCH_REFS, session_id)]
+            if lineage:
+                view = await self._fork_view(conn, session_id, lineage)
+                branch = [r[:3] for r in await self._fork_branch(conn, session_id, lineage)]
+            else:
+                view = tuple(_item(r, sealer) for r in await conn.fetch(READ_VIEW, session_id))
+                branch = [
+                    (r[0], r[1], r[2]) for r in await conn.fetch(READ_BRANCH_REFS, session_id)
+                ]
             diffs = compare_rows(expected.view, view, "view")
             if branch != [(i.ord, i.ref[0], i.ref[1]) for i in expected.branch]:
                 diffs.append(
@@ -368,9 +398,29 @@ class PostgresStore(Appends, Reads, Search, Vectors):
     @translated
     async def purge(self, session_id: str, reason: str) -> int:
         """The audited purge path (see the migration): removes a session entirely."""
-        async with self._lock(session_id):
+        async with self._lock(session_id), self._pool.acquire() as conn, conn.transaction():
+            # the row locked first: a fork being created (its parent read FOR SHARE)
+            # either committed before, and is listed, or finds the parent gone
+            await conn.execute(
+                f"SELECT 1 FROM {S}.sessions WHERE session_id = $1 FOR UPDATE", session_id
+            )
+            forks = [
+                r[0]
+                for r in await conn.fetch(
+                    f"SELECT session_id FROM {S}.sessions WHERE parent_session_id = $1"
+                    " ORDER BY session_id",
+                    session_id,
+                )
+            ]
+            if forks:
+                raise SessionHasForks(
+                    f"session {session_id!r} has forks standing on it ({', '.join(forks)}):"
+                    " purge them first",
+                    session_id=session_id,
+                    forks=forks,
+                )
             try:
-                n: int = await self._pool.fetchval(
+                n: int = await conn.fetchval(
                     f"SELECT {S}.purge_session($1, $2)", session_id, reason
                 )
             except asyncpg.RaiseError as exc:

@@ -13,6 +13,7 @@ import asyncpg
 
 from contextledger.core.chain import Seal
 from contextledger.errors import KeyUnavailable
+from contextledger.store.lineage import Lineage
 from contextledger.store.postgres.connections import Connections
 from contextledger.store.postgres.statements import S, _erased
 from contextledger.store.sealing import KEK_ENV, KEK_FILE_ENV, KeyRing, Sealer
@@ -40,6 +41,7 @@ class ChainTips(Connections):
     _keyring: KeyRing | None
     _tenant: str
     _sealers: dict[str, Sealer | None]
+    _lineages: dict[str, Lineage]
 
     def _remember_head(self, session_id: str, head: tuple[int, str]) -> None:
         """Note the chain's tip as this store extended it (a miss is one read): the
@@ -82,6 +84,7 @@ class ChainTips(Connections):
         self._heads.pop(session_id, None)
         self._closed.pop(session_id, None)
         self._sealers.pop(session_id, None)
+        self._lineages.pop(session_id, None)
 
     async def _seal(self, session_id: str) -> Seal | None:
         sealer = await self._sealer(session_id)

@@ -11,10 +11,11 @@ import structlog
 
 from contextledger.core.recall import Recalled
 from contextledger.store.errors import translated
+from contextledger.store.lineage import segments
+from contextledger.store.postgres.forks import Lineages
 from contextledger.store.postgres.placeholders import bind
 from contextledger.store.postgres.search import _ON_BRANCH, _ON_GIVEN_BRANCH, seq_ranges
 from contextledger.store.postgres.statements import S, _opened
-from contextledger.store.postgres.tips import ChainTips
 
 log = structlog.get_logger(__name__)
 
@@ -51,7 +52,7 @@ SELECT e.seq, (e.data -> 'message')::text, e.tokens, e.created_at FROM {S}.event
  ORDER BY e.seq"""
 
 
-class Vectors(ChainTips):
+class Vectors(Lineages):
     """Embeddings stored and searched next to the events."""
 
     _vectors: bool | None
@@ -141,6 +142,21 @@ class Vectors(ChainTips):
     ) -> list[Recalled]:
         if not seqs:
             return []
+        lineage = await self._lineage(session_id)
+        if lineage:  # each seq read from the session of the lineage holding it
+            on = (
+                set(branch)
+                if branch is not None
+                else await self._fork_branch_seqs(session_id, lineage)
+            )
+            out: list[Recalled] = []
+            for owner, lo, hi in segments(session_id, lineage, 1, upto_seq):
+                part = [q for q in seqs if lo <= q <= hi]
+                if part:
+                    out += await self.recall_messages(
+                        owner, part, upto_seq=hi, branch=[q for q in on if lo <= q <= hi]
+                    )
+            return out
         sealer = await self._sealer(session_id, fresh=True)
         values: dict[str, Any] = {"seqs": sorted(seqs), "upto": upto_seq}
         if branch is None:

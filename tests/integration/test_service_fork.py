@@ -1,0 +1,86 @@
+"""Forks through the service (``POST /v1/sessions/{id}/fork``) and the command line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest_asyncio
+
+from contextledger.http.settings import Settings
+from tests.integration.service_support import Running, running_service
+from tests.integration.test_cli import run, seed
+
+
+@pytest_asyncio.fixture
+async def svc(pg_dsn: str) -> AsyncIterator[Running]:
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as running:
+        yield running
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+async def test_fork_over_http(svc: Running) -> None:
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "s", "metadata": {"team": "a"}})
+    for i in range(3):
+        await c.post("/v1/sessions/s/messages", json={"message": user(f"turn {i}")})
+    await c.post("/v1/sessions/s/checkpoints", json={"label": "mid"})
+    await c.post("/v1/sessions/s/messages", json={"message": user("after mid")})
+    made = await c.post("/v1/sessions/s/fork", json={"session_id": "s fork é"})
+    assert made.status_code == 201, made.text
+    body = made.json()
+    assert made.headers["location"] == "/v1/sessions/s%20fork%20%C3%A9"
+    assert body["parent"] == {"session_id": "s", "seq": 6} and body["head"] == 7
+    assert body["metadata"] == {"team": "a"}
+    parent_view = (await c.get("/v1/sessions/s/view")).json()["messages"]
+    fork_view = (await c.get("/v1/sessions/s fork é/view")).json()["messages"]
+    assert fork_view == parent_view
+    at_mid = await c.post(
+        "/v1/sessions/s/fork", json={"session_id": "s2", "at": "mid", "metadata": {"x": 1}}
+    )
+    assert at_mid.status_code == 201 and at_mid.json()["parent"] == {"session_id": "s", "seq": 5}
+    assert at_mid.json()["metadata"] == {"x": 1}
+    view = (await c.get("/v1/sessions/s2/view")).json()["messages"]
+    assert view == (await c.get("/v1/sessions/s/view", params={"at": 5})).json()["messages"]
+    assert (await c.get("/v1/sessions/s2/verify")).json()["ok"] is True
+    at_seq = await c.post("/v1/sessions/s/fork", json={"session_id": "s3", "at": 2})
+    assert at_seq.json()["parent"] == {"session_id": "s", "seq": 2}
+    # refused, nothing written
+    for payload, status, code in [
+        ({"session_id": "s2"}, 409, "SESSION_EXISTS"),
+        ({"session_id": "s4", "at": "never"}, 404, "CHECKPOINT_NOT_FOUND"),
+        ({"session_id": "s4", "at": 99}, 422, "INVALID_ARGUMENT"),
+        ({"session_id": "s4", "at": -1}, 422, "INVALID_ARGUMENT"),
+        ({"session_id": "a/b"}, 422, None),
+        ({"session_id": "s4", "copy": True}, 422, None),
+        ({"session_id": "s4", "metadata": "x"}, 422, None),
+    ]:
+        r = await c.post("/v1/sessions/s/fork", json=payload)
+        assert r.status_code == status, (payload, r.text)
+        if code is not None:
+            assert r.json()["code"] == code
+    assert (await c.get("/v1/sessions/s4")).status_code == 404
+    nobody = await c.post("/v1/sessions/nobody/fork", json={"session_id": "s4"})
+    assert nobody.status_code == 404 and nobody.json()["code"] == "SESSION_NOT_FOUND"
+    # a parent with forks is not purged: the error names them
+    refused = await c.delete("/v1/sessions/s", params={"reason": "test"})
+    assert refused.status_code == 409 and refused.json()["code"] == "SESSION_HAS_FORKS"
+    assert "s2" in refused.text and (await c.get("/v1/sessions/s")).status_code == 200
+
+
+def test_fork_on_the_command_line(pg_dsn: str) -> None:
+    seed(pg_dsn)
+    made = run(pg_dsn, "fork", "cli", "cli-2", "--at", "mid", "--json")
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout) == {"session_id": "cli-2", "head": 5, "parent": ["cli", 4]}
+    view = run(pg_dsn, "view", "cli-2", "--json")
+    assert [m["content"] for m in json.loads(view.stdout)] == ["first question", "first answer"]
+    at_head = run(pg_dsn, "fork", "cli", "cli-3")
+    assert at_head.returncode == 0 and "at seq 5" in at_head.stdout
+    assert run(pg_dsn, "verify", "cli-3").returncode == 0
+    taken = run(pg_dsn, "fork", "cli", "cli-2")
+    assert taken.returncode != 0 and "SESSION_EXISTS" in taken.stdout + taken.stderr
