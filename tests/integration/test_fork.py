@@ -206,7 +206,7 @@ async def test_bad_forks_are_refused_and_write_nothing(ledger: Ledger) -> None:
         await ledger.fork("nobody", "f1")
     with pytest.raises(SeqOutOfRange):
         await ledger.store.fork_session(
-            "f1", "src", 7, created_at=parent._info.created_at, metadata={}
+            "f1", "src", 7, created_at=parent._state.info.created_at, metadata={}
         )
     with pytest.raises(SessionNotFound):
         await ledger.session("f1", create=False)

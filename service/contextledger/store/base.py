@@ -136,6 +136,7 @@ class Erasure:
     removed: Mapping[str, int]
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as JSON-ready values (the CLI's ``--json``, the REST answer)."""
         return {
             "session_id": self.session_id,
             "erased_at": self.erased_at.isoformat(),

@@ -95,6 +95,8 @@ class KeyRing:
 
     @property
     def primary_id(self) -> str:
+        """The fingerprint of the KEK new data keys are wrapped under (stored beside
+        each wrapped key, so ``unwrap`` knows which KEK to use)."""
         return kek_id(self.primary)
 
     def _by_id(self, wanted: str) -> bytes:
@@ -114,6 +116,9 @@ class KeyRing:
         return self.primary_id, nonce + sealed
 
     def unwrap(self, kid: str, wrapped: bytes, *, tenant: str, session_id: str) -> bytes:
+        """The data key ``wrap`` sealed, under the KEK ``kid`` names (the primary or an
+        old one still listed); ``KeyUnavailable`` when that KEK is not configured or the
+        key was wrapped for another tenant or session."""
         kek = self._by_id(kid)
         try:
             dek: bytes = _aead(kek).decrypt(
