@@ -47,6 +47,7 @@ from contextledger.errors import (
     SessionExists,
     SessionNotFound,
 )
+from contextledger.store import distributed
 from contextledger.store.base import (
     AppendResult,
     Checkpoint,
@@ -56,6 +57,7 @@ from contextledger.store.base import (
     ViewTail,
 )
 from contextledger.store.batching import AppendBatcher
+from contextledger.store.distributed import Citus
 from contextledger.store.dsn import asyncpg_dsn, redact
 from contextledger.store.errors import translate, translated, translated_iter
 from contextledger.store.lexical import (
@@ -548,6 +550,11 @@ CREATE TABLE IF NOT EXISTS {S}.event_embeddings (
     embedding vector NOT NULL,
     PRIMARY KEY (session_id, model, seq)
 )"""
+DISTRIBUTE_EMBEDDINGS = f"""
+SELECT create_distributed_table('{S}.event_embeddings', 'session_id',
+                                colocate_with => '{S}.sessions')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition
+                    WHERE logicalrelid = '{S}.event_embeddings'::regclass)"""
 UNEMBEDDED = f"""
 SELECT e.seq, (e.data -> 'message')::text FROM {S}.events e
  WHERE {{branch}}
@@ -642,8 +649,10 @@ class PostgresStore(Store):
         *,
         hot_connections: int = 4,
         search_pool: asyncpg.Pool | None = None,
+        citus: Citus | None = None,
     ) -> None:
         self._pool = pool
+        self.citus = citus  # the Citus the store found at start (None: plain PostgreSQL)
         self._search_pool = search_pool  # live searches (``_SEARCH_CONNECTION``), if any
         self._search_refused_at: float | None = None  # when the server last refused it one
         self._dsn = dsn
@@ -656,9 +665,13 @@ class PostgresStore(Store):
         self._idle: list[asyncpg.Connection] = []
         self._lent = 0
         self._closing = False
+        # On Citus, no batch across sessions (a multi-shard transaction, two-phase commit):
+        # each append is its own single-shard statement, as many in flight as connections.
         self._batcher = AppendBatcher(
             self._append_one,
             self._append_many,
+            max_batch=1 if citus is not None else 256,
+            max_inflight=max(2, hot_connections) if citus is not None else 2,
             rolled_back=lambda exc: (
                 isinstance(exc, asyncpg.PostgresError)
                 and not isinstance(exc, asyncpg.PostgresConnectionError)
@@ -751,7 +764,14 @@ class PostgresStore(Store):
             typed.args = (f"cannot connect to {redact(dsn)}: {typed.args[0]}",)
             raise typed from exc
         assert pool is not None and search_pool is not None
-        return cls(pool, dsn, hot_connections=max_size // 2, search_pool=search_pool)
+        try:
+            async with pool.acquire() as conn:
+                citus = await distributed.check(conn, schema=False)
+        except BaseException:
+            await pool.close()
+            await search_pool.close()
+            raise
+        return cls(pool, dsn, hot_connections=max_size // 2, search_pool=search_pool, citus=citus)
 
     @translated
     async def schema_revision(self) -> str | None:
@@ -766,6 +786,9 @@ class PostgresStore(Store):
     @translated
     async def require_revision(self, head: str) -> None:
         current = await self.schema_revision()
+        if current == head and self.citus is not None:
+            async with self._pool.acquire() as conn:
+                self.citus = await distributed.check(conn)  # the tables distributed, too
         if current != head:
             raise MigrationRequired(
                 f"the database at {redact(self._dsn)} is at schema revision {current!r}, this "
@@ -1604,6 +1627,8 @@ class PostgresStore(Store):
                 async with self._pool.acquire() as conn, conn.transaction():
                     await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
                     await conn.execute(EMBEDDINGS_DDL)
+                    if self.citus is not None:  # co-located with its session, as 0014's
+                        await conn.execute(DISTRIBUTE_EMBEDDINGS)
                 self._vectors = True
             except asyncpg.PostgresError as exc:  # no pgvector here (PG 15), or no right
                 log.info("recall_vectors_unavailable", error=str(exc))
