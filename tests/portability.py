@@ -54,7 +54,9 @@ def names_one_session(sql: str) -> bool:
 
 #: ``SET x`` as a statement (start, or after ``;``), not ``SET LOCAL``/``SET TRANSACTION``
 #: (``UPDATE ... SET col`` follows a table name, never a statement boundary).
-_SESSION_SET = re.compile(r"(?:^|;)\s*(?:SET\s+(?!LOCAL\b|TRANSACTION\b)|RESET\s)", re.MULTILINE)
+_SESSION_SET = re.compile(
+    r"(?:^|;|\bBEGIN|\bTHEN|\bELSE|\bLOOP)\s*(?:SET\s+(?!LOCAL\b|TRANSACTION\b)|RESET\s)"
+)
 _SESSION_SET_CONFIG = re.compile(r"set_config\s*\(.*?,\s*false\s*\)", re.IGNORECASE)
 _ANY_SET_CONFIG = re.compile(r"\bset_config\s*\(", re.IGNORECASE)
 
@@ -215,7 +217,8 @@ SELECT p.oid::regprocedure::text, p.prosrc FROM pg_proc p
 def function_problems(functions: list[tuple[str, str]]) -> list[str]:
     """A schema function that sets a setting in a way Citus does not forward."""
     problems = []
-    for name, source in functions:
+    for name, text in functions:
+        source = " ".join(text.split())  # UPDATE ...\n SET col is no SET statement
         if _ANY_SET_CONFIG.search(source):
             problems.append(f"{name} calls set_config(): a worker never sees it (SET LOCAL does)")
         if _SESSION_SET.search(source):

@@ -97,9 +97,69 @@ def _replace_in_purge(old: str, new: str, *, other: tuple[str, str]) -> None:
     op.execute(body)
 
 
+#: The message appends as functions, for Citus: there the store calls them and Citus
+#: runs the whole call on the worker holding the session's shard (``force_delegation``:
+#: inside a transaction block too), one hop, where the statements of
+#: ``store/postgres.py`` (a modifying CTE feeding an INSERT ... SELECT) would be planned
+#: as two steps with the rows passing through the coordinator (and refused under
+#: row-level security: Citus moves them with COPY). Same arguments, same answer (the new
+#: ``view_tokens``, or NULL when the head check failed, nothing written).
+APPEND_FUNCTIONS = {
+    "append_message(text, bigint, smallint, text, integer, timestamptz, text, text, text)": f"""
+    CREATE FUNCTION {S}.append_message(
+        p_session text, p_seq bigint, p_version smallint, p_data text, p_tokens integer,
+        p_created timestamptz, p_key text, p_hash text, p_prev text)
+    RETURNS bigint LANGUAGE plpgsql AS $$
+    DECLARE v bigint;
+    BEGIN
+        UPDATE {S}.sessions
+           SET head = p_seq, last_hash = p_hash, view_tokens = view_tokens + p_tokens,
+               view_count = view_count + 1
+         WHERE session_id = p_session AND head = p_seq - 1 AND last_hash = p_prev
+        RETURNING view_tokens INTO v;
+        IF FOUND THEN
+            INSERT INTO {S}.events (session_id, seq, type, version, data, tokens, created_at,
+                                    idempotency_key, hash)
+            VALUES (p_session, p_seq, 'message.appended', p_version, p_data::jsonb, p_tokens,
+                    p_created, p_key, p_hash);
+        END IF;
+        RETURN v;
+    END $$""",
+    "append_session_messages(text, bigint, bigint[], smallint[], text[], integer[],"
+    " timestamptz, text[], text, bigint, text[], text)": f"""
+    CREATE FUNCTION {S}.append_session_messages(
+        p_session text, p_head bigint, p_seqs bigint[], p_versions smallint[],
+        p_datas text[], p_tokens integer[], p_created timestamptz, p_hashes text[],
+        p_last text, p_total bigint, p_keys text[], p_prev text)
+    RETURNS bigint LANGUAGE plpgsql AS $$
+    DECLARE v bigint;
+    BEGIN
+        UPDATE {S}.sessions
+           SET head = p_head + cardinality(p_seqs), last_hash = p_last,
+               view_tokens = view_tokens + p_total,
+               view_count = view_count + cardinality(p_seqs)
+         WHERE session_id = p_session AND head = p_head AND last_hash = p_prev
+        RETURNING view_tokens INTO v;
+        IF FOUND THEN
+            FOR i IN 1 .. cardinality(p_seqs) LOOP
+                INSERT INTO {S}.events (session_id, seq, type, version, data, tokens,
+                                        created_at, idempotency_key, hash)
+                VALUES (p_session, p_seqs[i], 'message.appended', p_versions[i],
+                        p_datas[i]::jsonb, p_tokens[i], p_created, p_keys[i], p_hashes[i]);
+            END LOOP;
+        END IF;
+        RETURN v;
+    END $$""",
+}
+ROLE = "contextledger_service"
+
+
 def upgrade() -> None:
     bind = op.get_bind()
     op.execute(f"DROP INDEX IF EXISTS {S}.events_position")
+    for signature, create in APPEND_FUNCTIONS.items():
+        op.execute(create)
+        op.execute(f"GRANT EXECUTE ON FUNCTION {S}.{signature} TO {ROLE}")
     _replace_in_purge(
         _SET_PURGING, _SET_PURGING_LOCAL, other=(_CLEAR_PURGING, _CLEAR_PURGING_LOCAL)
     )
@@ -114,9 +174,10 @@ def upgrade() -> None:
     # DDL in this transaction has already touched the workers: one connection per node.
     op.execute("SET LOCAL citus.multi_shard_modify_mode = sequential")
     op.execute(
-        f"SELECT create_distributed_function(p.oid::regprocedure::text)"
+        f"SELECT create_distributed_function(p.oid::regprocedure)"
         f"  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
         f" WHERE n.nspname = '{S}' AND p.prokind = 'f'"
+        f"   AND p.proname NOT IN ('append_message', 'append_session_messages')"
         f"   AND p.oid NOT IN (SELECT objid FROM pg_catalog.pg_dist_object"
         f"                      WHERE classid = 'pg_proc'::regclass)"
     )
@@ -127,6 +188,11 @@ def upgrade() -> None:
         op.execute(
             f"SELECT create_distributed_table('{S}.{table}', '{DISTRIBUTION_COLUMN}',"
             f" colocate_with => '{colocate}')"
+        )
+    for signature in APPEND_FUNCTIONS:  # run where the session's shard is (see above)
+        op.execute(
+            f"SELECT create_distributed_function('{S}.{signature}', 'p_session',"
+            f" colocate_with => '{S}.{ANCHOR}', force_delegation => true)"
         )
 
 
@@ -156,3 +222,5 @@ def downgrade() -> None:
         _SET_PURGING_LOCAL, _SET_PURGING, other=(_CLEAR_PURGING_LOCAL, _CLEAR_PURGING)
     )
     op.execute(f"CREATE UNIQUE INDEX events_position ON {S}.events (position)")
+    for signature in APPEND_FUNCTIONS:
+        op.execute(f"DROP FUNCTION {S}.{signature}")

@@ -121,14 +121,18 @@ async def test_the_schema_rules_catch(pg_dsn: str) -> None:
                     REFERENCES contextledger.sessions (session_id, tenant_id));
             CREATE FUNCTION contextledger.mark(p text) RETURNS void LANGUAGE plpgsql AS
                 $$ BEGIN PERFORM set_config('contextledger.purging', p, true); END $$;
+            CREATE FUNCTION contextledger.pin() RETURNS void LANGUAGE plpgsql AS
+                $$ BEGIN
+                   SET plan_cache_mode = force_generic_plan; END $$;
         """)
         problems = await _schema_problems(conn)
     finally:
         await conn.close()
-    assert len(problems) == 3, problems
+    assert len(problems) == 4, problems
     assert any("forks_n_key" in p for p in problems)  # unique without session_id
     assert any("FOREIGN KEY (parent, tenant_id)" in p for p in problems)  # parent != own
     assert any("mark(text) calls set_config()" in p for p in problems)
+    assert any("pin() sets a setting for the session" in p for p in problems)
 
 
 async def test_0014_on_plain_postgresql_and_back(pg_dsn: str) -> None:
@@ -159,6 +163,49 @@ async def test_0014_on_plain_postgresql_and_back(pg_dsn: str) -> None:
         assert await conn.fetchval(position) is None
         assert await conn.fetchval("SELECT version_num FROM contextledger.alembic_version") == (
             "0014"
+        )
+    finally:
+        await conn.close()
+
+
+async def test_the_append_functions_answer_as_the_statements_do(pg_dsn: str) -> None:
+    """0014's append functions (what the store calls on Citus), here on plain PostgreSQL:
+    a stale head or hash writes nothing and answers NULL; the right one appends and
+    answers the new view_tokens, as APPEND_MESSAGE and APPEND_SESSION_MESSAGES do."""
+    from datetime import UTC, datetime
+
+    from contextledger.store.postgres import APPEND_MESSAGE_CALL, APPEND_SESSION_MESSAGES_CALL
+
+    async with Ledger.open(pg_dsn) as ledger:
+        await (await ledger.session("f")).add_message({"role": "user", "content": "x"})
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    now = datetime.now(UTC)
+    try:
+        head, last, tokens = await conn.fetchrow(
+            "SELECT head, last_hash, view_tokens FROM contextledger.sessions WHERE session_id = 'f'"
+        )
+        data = '{"message": {"role": "user", "content": "y"}}'
+        stale = ("f", head + 1, 1, data, 5, now, None, "h1", "not-the-hash")
+        assert await conn.fetchval(APPEND_MESSAGE_CALL, *stale) is None
+        assert await conn.fetchval(APPEND_MESSAGE_CALL, "f", head + 1, 1, data, 5, now,
+                                   "k1", "h1", last) == tokens + 5  # fmt: skip
+        many = ("f", head + 1, [head + 2, head + 3], [1, 1], [data, data], [2, 3], now,
+                ["h2", "h3"], "h3", 5, [None, None])  # fmt: skip
+        assert await conn.fetchval(APPEND_SESSION_MESSAGES_CALL, *many, "h0") is None
+        assert await conn.fetchval(APPEND_SESSION_MESSAGES_CALL, *many, "h1") == tokens + 10
+        rows = await conn.fetch(
+            "SELECT seq, hash, idempotency_key, tokens FROM contextledger.events"
+            " WHERE session_id = 'f' AND seq > $1 ORDER BY seq",
+            head,
+        )
+        assert [tuple(r) for r in rows] == [
+            (head + 1, "h1", "k1", 5),
+            (head + 2, "h2", None, 2),
+            (head + 3, "h3", None, 3),
+        ]
+        assert (
+            await conn.fetchval("SELECT head FROM contextledger.sessions WHERE session_id = 'f'")
+            == head + 3
         )
     finally:
         await conn.close()

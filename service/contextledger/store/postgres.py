@@ -139,6 +139,14 @@ WITH s AS (
 SELECT view_tokens FROM s
 """
 
+#: The same two appends on Citus: functions (migration 0014) that Citus runs whole on the
+#: worker holding the session's shard; the statements above it would plan as two steps
+#: with the rows passing through the coordinator.
+APPEND_MESSAGE_CALL = f"SELECT {S}.append_message($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+APPEND_SESSION_MESSAGES_CALL = (
+    f"SELECT {S}.append_session_messages($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+)
+
 SESSION_COLUMNS = (
     "session_id, created_at, model, config::text, metadata::text, head, "
     "last_hash, view_tokens, view_count"
@@ -771,6 +779,13 @@ class PostgresStore(Store):
             await pool.close()
             await search_pool.close()
             raise
+        if citus is not None and "plan_cache_mode" in search_settings:
+            # Citus plans a query with a CTE or subqueries on distributed tables only
+            # with its parameters' values: no generic plan for the search (it has no
+            # connection yet, so all of them get this).
+            search_settings.pop("plan_cache_mode")
+            cache = {k: v for k, v in search_options.items() if k == "statement_cache_size"}
+            search_pool.set_connect_args(asyncpg_dsn(dsn), server_settings=search_settings, **cache)
         return cls(pool, dsn, hot_connections=max_size // 2, search_pool=search_pool, citus=citus)
 
     @translated
@@ -800,7 +815,8 @@ class PostgresStore(Store):
             )
 
     async def _append_one(self, row: tuple[Any, ...]) -> Any:
-        return await self._hot(lambda conn: conn.fetchval(APPEND_MESSAGE, *row))
+        sql = APPEND_MESSAGE if self.citus is None else APPEND_MESSAGE_CALL
+        return await self._hot(lambda conn: conn.fetchval(sql, *row))
 
     async def _append_many(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
         columns = [list(c) for c in zip(*rows, strict=True)]
@@ -1114,7 +1130,7 @@ class PostgresStore(Store):
                 prev = event.hash
             try:
                 view_tokens = await self._pool.fetchval(
-                    APPEND_SESSION_MESSAGES,
+                    APPEND_SESSION_MESSAGES if self.citus is None else APPEND_SESSION_MESSAGES_CALL,
                     session_id,
                     head,
                     [e.seq for e in events],
@@ -1612,7 +1628,8 @@ class PostgresStore(Store):
             except asyncpg.TooManyConnectionsError:  # no slot for it: the main pool's
                 self._search_refused_at = time.monotonic()
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(_LIVE_SEARCH_SETTINGS if live else _SEARCH_SETTINGS)
+            generic = live and self.citus is None  # Citus: see ``connect``
+            await conn.execute(_LIVE_SEARCH_SETTINGS if generic else _SEARCH_SETTINGS)
             rows: list[asyncpg.Record] = await conn.fetch(text, *args)
             return rows
 
@@ -1778,9 +1795,12 @@ class PostgresStore(Store):
         """The audited purge path (see the migration): removes a session entirely."""
         async with self._lock(session_id):
             try:
-                n: int = await self._pool.fetchval(
-                    f"SELECT {S}.purge_session($1, $2)", session_id, reason
-                )
+                # In a transaction block: Citus forwards the purge's SET LOCAL mark to the
+                # workers (where the append-only trigger reads it) only within one.
+                async with self._pool.acquire() as conn, conn.transaction():
+                    n: int = await conn.fetchval(
+                        f"SELECT {S}.purge_session($1, $2)", session_id, reason
+                    )
             except asyncpg.RaiseError as exc:
                 if "no session" in str(exc):
                     raise SessionNotFound.for_session(session_id) from None

@@ -151,12 +151,17 @@ def scoped(
     Either way after the connection is made, never a startup parameter, and checked
     before."""
     scope = scope_sql(tenant, settings)
+    # Citus plans a query with a CTE or subqueries on distributed tables only with its
+    # parameters' values: no forced generic plan there.
+    citus_scope = scope_sql(
+        tenant, {k: v for k, v in (settings or {}).items() if k != "plan_cache_mode"}
+    )
 
     async def init(conn: asyncpg.Connection) -> None:
         citus = await check_role(conn)  # before the scope: a plain statement
         assert isinstance(conn, TenantConnection)
         if per_transaction or citus:
-            conn._scope = scope
+            conn._scope = citus_scope if citus else scope
         else:
             await conn.execute(session_scope_sql(tenant))
 
