@@ -16,7 +16,9 @@ server so that the schema is the same everywhere (``tests/unit/store`` has no Ci
 - the purge function marks its deletes with ``SET LOCAL contextledger.purging`` instead
   of ``set_config()``: the append-only trigger runs on the worker holding the shard, and
   Citus sends ``SET LOCAL`` to the workers (``citus.propagate_set_commands = local``),
-  never a ``set_config()`` call.
+  never a ``set_config()`` call;
+- ``append_message`` / ``append_session_messages``: the store's two append statements as
+  functions (``APPEND_FUNCTIONS``), which the store calls on Citus only.
 
 Where the ``citus`` extension is installed in the database (``CREATE EXTENSION citus``
 and ``citus_add_node`` done by the operator first, see docs/deploy/citus.md):
@@ -29,6 +31,8 @@ and ``citus_add_node`` done by the operator first, see docs/deploy/citus.md):
   column, so 0012/0013's tables are included), are distributed by ``session_id``,
   co-located with ``sessions`` (its foreign-key target, distributed first);
 - ``REFERENCE_TABLES`` (small, read everywhere) are copied to every node;
+- the append functions are distributed by their session argument, co-located, with
+  ``force_delegation`` (Citus runs each call whole on the session's worker);
 - the append-only trigger is kept (``citus.enable_unsafe_triggers`` while distributing:
   its body only reads its own row and a setting, both local to the shard).
 

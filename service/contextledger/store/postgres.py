@@ -637,6 +637,13 @@ def _event(session_id: str, row: asyncpg.Record) -> Event:
     )
 
 
+def _idempotency_violation(exc: asyncpg.UniqueViolationError) -> bool:
+    """The unique violation is the idempotency index's. Citus relays a worker's error
+    without its constraint field (and names the shard's index, ``events_idempotency_N``):
+    the message names it then."""
+    return "events_idempotency" in f"{exc.constraint_name or ''} {exc}"
+
+
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Pool reset hook: nothing to undo (we never SET, LISTEN or take advisory locks).
 
@@ -1068,7 +1075,7 @@ class PostgresStore(Store):
                     )
                 )
             except asyncpg.UniqueViolationError as exc:
-                if key is not None and "idempotency" in str(exc.constraint_name or ""):
+                if key is not None and _idempotency_violation(exc):
                     return await self._duplicate(session_id, key, payload.to_data())
                 raise
             except asyncpg.ForeignKeyViolationError:
@@ -1148,7 +1155,7 @@ class PostgresStore(Store):
                     last_hash,
                 )
             except asyncpg.UniqueViolationError as exc:
-                if key is not None and "idempotency" in str(exc.constraint_name or ""):
+                if key is not None and _idempotency_violation(exc):
                     return await self._duplicate(session_id, key, payloads[-1].to_data())
                 raise
             if view_tokens is not None:
