@@ -53,7 +53,7 @@ async def sessions_per_worker(dsn: str, per_worker: int) -> list[str]:
             n += 1
             node = await conn.fetchval(
                 "SELECT nodename || ':' || nodeport FROM citus_shards WHERE shardid ="
-                " get_shard_id_for_distribution_column('contextledger.sessions', $1)",
+                " get_shard_id_for_distribution_column('contextledger.sessions', $1::text)",
                 sid,
             )
             if len(chosen[node]) < per_worker:
