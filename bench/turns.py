@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import random
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -401,10 +402,21 @@ async def tool_loop(dsn: str, history: int, loops: int, tool_ms: float) -> str:
         )
 
 
-async def main_async(args: argparse.Namespace) -> None:
+@contextlib.contextmanager
+def _server(dsn: str | None) -> Iterator[str]:
+    """The given server (``--dsn``: e.g. a Citus coordinator, ops/citus) or a fresh
+    embedded one."""
+    if dsn is not None:
+        yield dsn
+        return
     from bench._pg import embedded_server
 
-    with embedded_server() as dsn:
+    with embedded_server() as embedded:
+        yield embedded
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    with _server(args.dsn) as dsn:
         if args.tool_loop:
             print(await tool_loop(dsn, args.tool_loop, 200, args.tool_ms))
             return
@@ -449,7 +461,8 @@ async def main_async(args: argparse.Namespace) -> None:
             for store, res in runs.items()
         },
     }
-    print(f"\nfigures: {write_results('turns', figures)}", file=sys.stderr)
+    name = "turns" if args.label is None else f"turns-{args.label}"
+    print(f"\nfigures: {write_results(name, figures)}", file=sys.stderr)
 
 
 def trace_to_nowhere() -> None:
@@ -498,6 +511,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with an OpenTelemetry SDK tracer provider (batch processor, spans dropped)",
     )
+    parser.add_argument(
+        "--dsn", help="an existing, empty database to use (default: a fresh embedded server)"
+    )
+    parser.add_argument("--label", help="figures go to bench/results/turns-LABEL.json")
     args = parser.parse_args(argv)
     if args.otel:
         trace_to_nowhere()

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import pytest_asyncio
 import sqlalchemy
@@ -24,6 +26,7 @@ from contextledger import Ledger
 from contextledger.store.embedded import prune_stale_pids
 from contextledger.store.migrate import upgrade_sync
 from tests.fakellm import FakeLLM, running_fake_llm
+from tests.integration import citus
 from tests.integration.pgtuning import tune_for_tests
 
 
@@ -63,6 +66,22 @@ postgresql_noproc = factories.postgresql_noproc(
     host=PG_HOST, port=PG_PORT, user="postgres", dbname="cl_test", load=[_migrate]
 )
 postgresql = factories.postgresql("postgresql_noproc")
+#: ``CONTEXTLEDGER_TEST_CITUS_WORKERS``: the server of ``CONTEXTLEDGER_TEST_PG`` is a
+#: Citus coordinator with these workers (ops/citus); each test's database is made whole
+#: on every node and migrated (tests/integration/citus.py), not cloned from a template.
+CITUS_WORKERS = citus.workers_from_env()
+#: Citus's own tests need a cluster: collected only where one is named.
+collect_ignore = [] if CITUS_WORKERS else ["test_citus.py"]
+
+if CITUS_WORKERS:
+
+    @pytest.fixture
+    def postgresql() -> Iterator[Any]:  # replaces pytest-postgresql's (above)
+        name = f"cl_citus_{uuid.uuid4().hex[:12]}"
+        with citus.database(name, (PG_HOST, PG_PORT), CITUS_WORKERS):
+            _migrate(PG_HOST, PG_PORT, "postgres", name, None)
+            with psycopg.connect(host=PG_HOST, port=PG_PORT, user="postgres", dbname=name) as c:
+                yield c
 
 
 def dsn_for(pg: Any) -> str:

@@ -4,13 +4,19 @@ A tenant's rows are the ones row-level security admits for ``contextledger.tenan
 (migration 0004). That setting used to travel as a startup parameter: PgBouncer in
 transaction mode refuses one it does not track, and with ``ignore_startup_parameters``
 drops it, so the setting was empty and ``current_tenant()`` meant ``'local'``. Here it
-is ``set_config('contextledger.tenant', <tenant>, true)``, local to the transaction, in
-every transaction the connection runs, whichever server connection a pooler lends it:
+is ``SET LOCAL contextledger.tenant = <tenant>``, local to the transaction, in every
+transaction the connection runs, whichever server connection a pooler lends it:
 
-- a transaction (``conn.transaction()``) starts with ``BEGIN; SELECT set_config(...)``,
-  one simple-protocol round trip, as asyncpg's own ``BEGIN`` was;
-- a statement outside one runs inside ``BEGIN; set_config`` … ``COMMIT`` (two round
+- a transaction (``conn.transaction()``) starts with ``BEGIN; SET LOCAL ...``, one
+  simple-protocol round trip, as asyncpg's own ``BEGIN`` was;
+- a statement outside one runs inside ``BEGIN; SET LOCAL ...`` … ``COMMIT`` (two round
   trips more than it took alone).
+
+``SET LOCAL``, not ``set_config(..., true)``: on Citus the row-level security policy runs
+on the worker holding the shard, and Citus forwards a transaction's ``SET LOCAL`` to the
+workers (``citus.propagate_set_commands = local``), never a ``set_config()`` call. For
+the same reason a direct connection to a server with Citus is scoped per transaction
+too (``scoped``), not once for its session.
 
 ``check_role`` refuses a tenant connection whose role would not be held by row-level
 security at all: a superuser, a BYPASSRLS role, or a member of a table's owner (owners
@@ -19,6 +25,7 @@ bypass RLS unless FORCE, and FORCE still exempts superusers and BYPASSRLS).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +35,7 @@ from contextledger.errors import ConfigError
 
 SCHEMA = "contextledger"
 TENANT_SETTING = "contextledger.tenant"
+_SETTING_NAME = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?")
 
 #: Whether the connection's role is kept apart by row-level security (asked once per
 #: new connection, not per statement).
@@ -35,7 +43,8 @@ PRIVILEGED = f"""
 SELECT r.rolsuper, r.rolbypassrls,
        EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                 WHERE n.nspname = '{SCHEMA}' AND c.relkind IN ('r', 'p')
-                  AND pg_has_role(current_user, c.relowner, 'MEMBER')) AS owner
+                  AND pg_has_role(current_user, c.relowner, 'MEMBER')) AS owner,
+       EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') AS citus
   FROM pg_roles r WHERE r.rolname = current_user
 """
 
@@ -51,11 +60,22 @@ def literal(value: str) -> str:
 
 
 def scope_sql(tenant: str, settings: Mapping[str, str] | None = None) -> str:
-    """The statement that scopes a transaction: the tenant and ``settings``, local."""
-    parts = [f"set_config({literal(TENANT_SETTING)}, {literal(tenant)}, true)"]
-    for name, value in (settings or {}).items():
-        parts.append(f"set_config({literal(name)}, {literal(value)}, true)")
-    return "SELECT " + ", ".join(parts)
+    """The statements that scope a transaction: the tenant and ``settings``, local."""
+    parts = {TENANT_SETTING: tenant, **(settings or {})}
+    return "; ".join(f"SET LOCAL {_name(name)} = {literal(v)}" for name, v in parts.items())
+
+
+def session_scope_sql(tenant: str) -> str:
+    """The statement that scopes a direct connection's whole session (plain PostgreSQL
+    only: a worker of Citus would not see it)."""
+    return f"SELECT set_config({literal(TENANT_SETTING)}, {literal(tenant)}, false)"
+
+
+def _name(setting: str) -> str:
+    """A setting's name, checked: it is spliced into ``SET LOCAL`` (no bind there)."""
+    if not _SETTING_NAME.fullmatch(setting):
+        raise ConfigError(f"not a setting name: {setting!r}", key="settings")
+    return setting
 
 
 class TenantConnection(asyncpg.Connection):  # type: ignore[misc]
@@ -96,9 +116,10 @@ class TenantConnection(asyncpg.Connection):  # type: ignore[misc]
         return result
 
 
-async def check_role(conn: asyncpg.Connection) -> None:
+async def check_role(conn: asyncpg.Connection) -> bool:
     """Refuse (``ConfigError``) a tenant connection that row-level security would not
-    hold: whichever way it was made (logged in as the role, or switched to it)."""
+    hold: whichever way it was made (logged in as the role, or switched to it). True
+    where the server has Citus (the scope must then be per transaction)."""
     row = await conn.fetchrow(PRIVILEGED)
     if row is None:
         raise ConfigError("cannot read the tenant connection's role", key="service_role")
@@ -116,6 +137,7 @@ async def check_role(conn: asyncpg.Connection) -> None:
             "not keep tenants apart. Use a role without those (contextledger_service).",
             key="service_role",
         )
+    return bool(row["citus"])
 
 
 def scoped(
@@ -125,16 +147,22 @@ def scoped(
     every transaction (``per_transaction``: behind a transaction-mode pooler, where the
     server connection changes between transactions), or once for the connection's
     session (a direct connection is its server session: the same scope, without two
-    more round trips per lone statement). Either way by ``set_config`` after the
-    connection is made, never a startup parameter, and checked before."""
+    more round trips per lone statement; not on Citus, whose workers would not see it).
+    Either way after the connection is made, never a startup parameter, and checked
+    before."""
     scope = scope_sql(tenant, settings)
+    # Citus plans a query with a CTE or subqueries on distributed tables only with its
+    # parameters' values: no forced generic plan there.
+    citus_scope = scope_sql(
+        tenant, {k: v for k, v in (settings or {}).items() if k != "plan_cache_mode"}
+    )
 
     async def init(conn: asyncpg.Connection) -> None:
-        await check_role(conn)  # before the scope: a plain statement
+        citus = await check_role(conn)  # before the scope: a plain statement
         assert isinstance(conn, TenantConnection)
-        if per_transaction:
-            conn._scope = scope
+        if per_transaction or citus:
+            conn._scope = citus_scope if citus else scope
         else:
-            await conn.execute(scope.replace(", true)", ", false)"))
+            await conn.execute(session_scope_sql(tenant))
 
     return init

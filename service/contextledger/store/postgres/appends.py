@@ -43,12 +43,15 @@ from contextledger.store.base import (
 from contextledger.store.batching import AppendBatcher
 from contextledger.store.errors import translated
 from contextledger.store.lineage import owner_of
+from contextledger.store.postgres.connections import _idempotency_violation
 from contextledger.store.postgres.forks import Lineages
 from contextledger.store.postgres.statements import (
     _RETRIES,
     APPEND_MESSAGE,
+    APPEND_MESSAGE_CALL,
     APPEND_MESSAGES,
     APPEND_SESSION_MESSAGES,
+    APPEND_SESSION_MESSAGES_CALL,
     EVENT_COLUMNS,
     READ_VIEW,
     S,
@@ -65,7 +68,8 @@ class Appends(Lineages):
     _batcher: AppendBatcher
 
     async def _append_one(self, row: tuple[Any, ...]) -> Any:
-        return await self._hot(lambda conn: conn.fetchval(APPEND_MESSAGE, *row))
+        sql = APPEND_MESSAGE if self.citus is None else APPEND_MESSAGE_CALL
+        return await self._hot(lambda conn: conn.fetchval(sql, *row))
 
     async def _append_many(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
         columns = [list(c) for c in zip(*rows, strict=True)]
@@ -188,7 +192,7 @@ class Appends(Lineages):
                     )
                 )
             except asyncpg.UniqueViolationError as exc:
-                if key is not None and "idempotency" in str(exc.constraint_name or ""):
+                if key is not None and _idempotency_violation(exc):
                     return await self._duplicate(session_id, key, payload.to_data())
                 raise
             except asyncpg.ForeignKeyViolationError:
@@ -252,7 +256,7 @@ class Appends(Lineages):
                 prev = event.hash
             try:
                 view_tokens = await self._pool.fetchval(
-                    APPEND_SESSION_MESSAGES,
+                    APPEND_SESSION_MESSAGES if self.citus is None else APPEND_SESSION_MESSAGES_CALL,
                     session_id,
                     head,
                     [e.seq for e in events],
@@ -267,7 +271,7 @@ class Appends(Lineages):
                     last_hash,
                 )
             except asyncpg.UniqueViolationError as exc:
-                if key is not None and "idempotency" in str(exc.constraint_name or ""):
+                if key is not None and _idempotency_violation(exc):
                     return await self._duplicate(session_id, key, payloads[-1].to_data())
                 raise
             if view_tokens is not None:

@@ -12,9 +12,11 @@ import structlog
 from contextledger.errors import (
     MigrationRequired,
 )
+from contextledger.store import distributed
 from contextledger.store.base import (
     Store,
 )
+from contextledger.store.distributed import Citus
 from contextledger.store.dsn import redact
 from contextledger.store.errors import translated
 from contextledger.store.postgres.statements import S
@@ -25,6 +27,13 @@ log = structlog.get_logger(__name__)
 #: pool), so a search is one autocommit statement: the transaction block and its SET
 #: cost three more round trips (~0.5 ms of a ~3 ms search, measured at 20,000 turns).
 _SEARCH_CONNECTION = {"synchronous_commit": "off", "plan_cache_mode": "force_generic_plan"}
+
+
+def _idempotency_violation(exc: asyncpg.UniqueViolationError) -> bool:
+    """The unique violation is the idempotency index's. Citus relays a worker's error
+    without its constraint field (and names the shard's index, ``events_idempotency_N``):
+    the message names it then."""
+    return "events_idempotency" in f"{exc.constraint_name or ''} {exc}"
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -38,6 +47,8 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 class Connections(Store):
     """The main and search pools and the connections kept hot for appends."""
+
+    citus: Citus | None  # the Citus the store found at start (None: plain PostgreSQL)
 
     _pool: asyncpg.Pool
     _search_pool: asyncpg.Pool | None
@@ -61,6 +72,9 @@ class Connections(Store):
     @translated
     async def require_revision(self, head: str) -> None:
         current = await self.schema_revision()
+        if current == head and self.citus is not None:
+            async with self._pool.acquire() as conn:
+                self.citus = await distributed.check(conn)  # the tables distributed, too
         if current != head:
             raise MigrationRequired(
                 f"the database at {redact(self._dsn)} is at schema revision {current!r}, this "

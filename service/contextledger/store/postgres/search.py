@@ -580,6 +580,7 @@ class Search(Lineages):
             except asyncpg.TooManyConnectionsError:  # no slot for it: the main pool's
                 self._search_refused_at = time.monotonic()
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(_LIVE_SEARCH_SETTINGS if live else _SEARCH_SETTINGS)
+            generic = live and self.citus is None  # Citus: see ``connect``
+            await conn.execute(_LIVE_SEARCH_SETTINGS if generic else _SEARCH_SETTINGS)
             rows: list[asyncpg.Record] = await conn.fetch(text, *args)
             return rows

@@ -85,6 +85,14 @@ WITH s AS (
 SELECT view_tokens FROM s
 """
 
+#: The same two appends on Citus: functions (migration 0014) that Citus runs whole on the
+#: worker holding the session's shard; the statements above it would plan as two steps
+#: with the rows passing through the coordinator.
+APPEND_MESSAGE_CALL = f"SELECT {S}.append_message($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+APPEND_SESSION_MESSAGES_CALL = (
+    f"SELECT {S}.append_session_messages($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+)
+
 SESSION_COLUMNS = (
     "session_id, created_at, model, config::text, metadata::text, head, "
     "last_hash, view_tokens, view_count, erased_at, "

@@ -28,6 +28,7 @@ from contextledger.errors import (
     SessionHasForks,
     SessionNotFound,
 )
+from contextledger.store import distributed
 from contextledger.store.base import (
     Checkpoint,
     Erasure,
@@ -35,6 +36,7 @@ from contextledger.store.base import (
     SessionInfo,
 )
 from contextledger.store.batching import AppendBatcher
+from contextledger.store.distributed import Citus
 from contextledger.store.dsn import asyncpg_dsn, redact
 from contextledger.store.errors import translate, translated
 from contextledger.store.lineage import Lineage, segments
@@ -77,8 +79,10 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         search_pool: asyncpg.Pool | None = None,
         keyring: KeyRing | None = None,
         tenant: str = "local",
+        citus: Citus | None = None,
     ) -> None:
         self._pool = pool
+        self.citus = citus  # the Citus the store found at start (None: plain PostgreSQL)
         #: KEKs that wrap new sessions' data keys; the tenant binds them (sealing.py).
         self._keyring = keyring
         self._tenant = tenant
@@ -97,9 +101,13 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         self._idle: list[asyncpg.Connection] = []
         self._lent = 0
         self._closing = False
+        # On Citus, no batch across sessions (a multi-shard transaction, two-phase commit):
+        # each append is its own single-shard statement, as many in flight as connections.
         self._batcher = AppendBatcher(
             self._append_one,
             self._append_many,
+            max_batch=1 if citus is not None else 256,
+            max_inflight=max(2, hot_connections) if citus is not None else 2,
             rolled_back=lambda exc: (
                 isinstance(exc, asyncpg.PostgresError)
                 and not isinstance(exc, asyncpg.PostgresConnectionError)
@@ -196,6 +204,20 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             typed.args = (f"cannot connect to {redact(dsn)}: {typed.args[0]}",)
             raise typed from exc
         assert pool is not None and search_pool is not None
+        try:
+            async with pool.acquire() as conn:
+                citus = await distributed.check(conn, schema=False)
+        except BaseException:
+            await pool.close()
+            await search_pool.close()
+            raise
+        if citus is not None and "plan_cache_mode" in search_settings:
+            # Citus plans a query with a CTE or subqueries on distributed tables only
+            # with its parameters' values: no generic plan for the search (it has no
+            # connection yet, so all of them get this).
+            search_settings.pop("plan_cache_mode")
+            cache = {k: v for k, v in search_options.items() if k == "statement_cache_size"}
+            search_pool.set_connect_args(asyncpg_dsn(dsn), server_settings=search_settings, **cache)
         return cls(
             pool,
             dsn,
@@ -203,6 +225,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             search_pool=search_pool,
             keyring=keyring,
             tenant=tenant or "local",
+            citus=citus,
         )
 
     @translated

@@ -29,6 +29,11 @@ CREATE TABLE IF NOT EXISTS {S}.event_embeddings (
     embedding vector NOT NULL,
     PRIMARY KEY (session_id, model, seq)
 )"""
+DISTRIBUTE_EMBEDDINGS = f"""
+SELECT create_distributed_table('{S}.event_embeddings', 'session_id',
+                                colocate_with => '{S}.sessions')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition
+                    WHERE logicalrelid = '{S}.event_embeddings'::regclass)"""
 UNEMBEDDED = f"""
 SELECT e.seq, (e.data -> 'message')::text FROM {S}.events e
  WHERE {{branch}}
@@ -64,6 +69,8 @@ class Vectors(Lineages):
                 async with self._pool.acquire() as conn, conn.transaction():
                     await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
                     await conn.execute(EMBEDDINGS_DDL)
+                    if self.citus is not None:  # co-located with its session, as 0014's
+                        await conn.execute(DISTRIBUTE_EMBEDDINGS)
                 self._vectors = True
             except asyncpg.PostgresError as exc:  # no pgvector here (PG 15), or no right
                 log.info("recall_vectors_unavailable", error=str(exc))

@@ -1,0 +1,132 @@
+"""On a real Citus cluster (``ops/citus test``; collected only where
+``CONTEXTLEDGER_TEST_CITUS_WORKERS`` names the workers, see conftest.py): the layout
+0014 makes, every statement of a session's life single-shard, the start-up check."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import pytest
+
+from contextledger import ConfigError, Ledger
+from contextledger.store.dsn import asyncpg_dsn
+from contextledger.store.postgres import APPEND_MESSAGE_CALL, READ_VIEW, PostgresStore
+
+
+async def test_session_tables_are_colocated_and_keys_are_reference(pg_dsn: str) -> None:
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        rows = await conn.fetch(
+            "SELECT logicalrelid::regclass::text AS t, partmethod::text, colocationid,"
+            " column_to_column_name(logicalrelid, partkey) AS col"
+            " FROM pg_dist_partition WHERE logicalrelid::regclass::text LIKE 'contextledger.%'"
+        )
+        tables = {r["t"].split(".")[1]: r for r in rows}
+        session = {t for t, r in tables.items() if r["partmethod"] == "h"}
+        assert {"sessions", "events", "view_items", "branch_items", "purges"} <= session
+        assert {tables[t]["col"] for t in session} == {"session_id"}
+        assert len({tables[t]["colocationid"] for t in session}) == 1  # co-located
+        assert tables["api_keys"]["partmethod"] == "n"  # reference table
+        assert "alembic_version" not in tables
+        assert await conn.fetchval("SHOW citus.propagate_set_commands") == "local"
+    finally:
+        await conn.close()
+
+
+async def _tasks(conn: asyncpg.Connection, sql: str, *args: Any) -> list[str]:
+    plan = await conn.fetch("EXPLAIN (COSTS OFF) " + sql, *args)
+    return [r[0].strip() for r in plan if "Task Count" in r[0]]
+
+
+async def test_explain_shows_one_task_for_the_append_and_the_view(pg_dsn: str) -> None:
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await ledger.session("explained")
+        await session.add_message({"role": "user", "content": "hello"})
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        head, last = await conn.fetchrow(
+            "SELECT head, last_hash FROM contextledger.sessions WHERE session_id = $1",
+            "explained",
+        )
+        now = datetime.now(UTC)
+        row = ("explained", head + 1, 1, '{"message": {}}', 1, now, None, "h", last)
+        append = await _tasks(conn, APPEND_MESSAGE_CALL, *row)
+        assert append == ["Task Count: 1"]
+        assert await _tasks(conn, READ_VIEW, "explained") == ["Task Count: 1"]
+    finally:
+        await conn.close()
+
+
+async def test_a_session_s_whole_life_is_single_shard(pg_dsn: str) -> None:
+    """With ``citus.multi_task_query_log_level = error`` any statement that needs more
+    than one shard fails: a session's appends (one and many), requests with recall,
+    checkpoints, a rollback, a compaction and the purge all run."""
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        name = await conn.fetchval("SELECT current_database()")
+        await conn.execute(f'ALTER DATABASE "{name}" SET citus.multi_task_query_log_level = error')
+    finally:
+        await conn.close()
+    async with Ledger.open(pg_dsn) as ledger:
+        for sid in ("a", "b", "c"):
+            session = await ledger.session(sid)
+            await session.add_message({"role": "system", "content": "be brief"})
+            for n in range(30):
+                await session.add_message({"role": "user", "content": f"the port is {n} ok"})
+                await session.add_message({"role": "assistant", "content": f"noted {n}"})
+            await session.add_messages(
+                [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+            )
+            point = await session.checkpoint("here")
+            await session.add_message({"role": "user", "content": "which port was 7?"})
+            request = await session.get_messages_for_request(token_budget=200)
+            assert request
+            await session.rollback(point)
+            assert (await session.get_messages())[-1]["content"] == "y"
+        assert await ledger.store.purge("b", "test") > 0
+    with pytest.raises(asyncpg.PostgresError, match="multi-task"):
+        conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+        try:  # the guard itself works: a statement over every shard is refused
+            await conn.fetchval("SELECT count(*) FROM contextledger.events")
+        finally:
+            await conn.close()
+
+
+async def test_start_refuses_a_cluster_without_set_propagation(pg_dsn: str) -> None:
+    """The tenant and the purge mark are SET LOCAL: without propagation the workers would
+    not see them, so the store refuses to start, naming the setting."""
+    dsn = asyncpg_dsn(pg_dsn) + "&citus.propagate_set_commands=none"
+    with pytest.raises(ConfigError, match=r"citus\.propagate_set_commands") as caught:
+        await PostgresStore.connect(dsn)
+    assert caught.value.details["key"] == "citus.propagate_set_commands"
+    store = await PostgresStore.connect(asyncpg_dsn(pg_dsn))
+    try:
+        assert store.citus is not None and store.citus.version.startswith("13.")
+    finally:
+        await store.close()
+
+
+async def test_tenants_stay_apart_on_the_workers(pg_dsn: str) -> None:
+    """Row-level security runs on the worker holding the shard: the tenant set per
+    transaction (SET LOCAL, propagated) reaches it."""
+    from contextledger.http.keys import create_key
+
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        await create_key(conn, "alpha", "k")
+    finally:
+        await conn.close()
+    from contextledger.store.dsn import with_user
+
+    login = with_user(asyncpg_dsn(pg_dsn), "contextledger_service")
+    async with Ledger.open(login, tenant="alpha") as alpha:
+        await (await alpha.session("s")).add_message({"role": "user", "content": "alpha's"})
+    async with Ledger.open(login, tenant="beta") as beta:
+        s = await beta.session("s")  # the same id, another tenant: its own session
+        await s.add_message({"role": "user", "content": "beta's"})
+        assert [m["content"] for m in await s.get_messages()] == ["beta's"]
+    async with Ledger.open(login, tenant="alpha") as alpha:
+        got = await (await alpha.session("s")).get_messages()
+        assert [m["content"] for m in got] == ["alpha's"]
