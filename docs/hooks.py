@@ -10,8 +10,8 @@ docs cannot drift from what they describe:
 - ``<!-- generated: turns -->`` / ``<!-- generated: conversations -->``: the figures of
   ``bench/results/turns.json`` / ``conversations.json``, with their date and commit.
 
-A field's help is its metadata ``help`` when it declares one (the settings do); config
-fields without it fall back to ``_CONFIG_HELP`` below, until they declare their own.
+A field's help is its metadata ``help``: config fields declare theirs once, with their
+check (``core/config.py``'s ``setting``), as the service settings do.
 ``tests/unit/test_docs_tables.py`` checks the README's performance table is the one
 ``turns_table`` renders from the current results.
 """
@@ -32,49 +32,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.M)
-
-#: Help for config keys that declare none in their field metadata (yet).
-_CONFIG_HELP = {
-    "max_tokens": "A cap on the context, below the model's window.",
-    "compact_threshold": "Share of the request budget at which the request view compacts.",
-    "compact_target": "Share of the request budget it compacts down to.",
-    "auto_compact": "Persist a compaction when an append crosses the threshold.",
-    "compaction_strategy": "How turns leave the view: truncate, priority, importance, summarize.",
-    "preserve_system": "Never compact the system prompt away.",
-    "keep_recent": "Messages at the end of the view that compaction never removes.",
-    "protected_tools": "Tool names whose results are never pruned.",
-    "max_tool_output_chars": "Longer tool outputs are pruned first (in the request view).",
-    "protect_recent_tool_results": "The newest tool results are never pruned.",
-    "min_score": "The importance strategy drops messages scored below this.",
-    "token_counter": "auto | tiktoken | litellm | chars[:ratio] (or a callable in code).",
-    "profile": "conservative | balanced | aggressive: preset thresholds.",
-    "context_window": "The model's window, when litellm's map does not know the model.",
-    "max_output_tokens": "Tokens held back for the answer.",
-    "safety_margin": "Tokens held back for counting differences.",
-    "model_overrides": "Per model: {name: {context_window, max_output_tokens}}.",
-    "max_message_bytes": "A larger message is refused (InvalidMessage).",
-    "summarizer.models": "Ordered litellm specs: model, api_base, api_key, timeout, "
-    "num_retries (the next one is tried when one fails).",
-    "summarizer.max_summary_tokens": "The summary's length cap.",
-    "summarizer.preserve_recent_turns": "Turns at the end a summary never covers.",
-    "summarizer.preserve_tokens": "Tokens at the end a summary never covers.",
-    "summarizer.min_messages": "Fewer messages to cover: no summary.",
-    "summarizer.prompt": "Your own summary prompt.",
-    "summarizer.offline_fallback": "When every model fails, summarize extractively offline.",
-    "summarizer.summary_role": "The role the summary message takes in the view.",
-    "summarizer.summary_position": "Where the summary stands (in place of the turns).",
-    "recall.enabled": "Search what the view leaves out for the latest turn.",
-    "recall.share": "Share of the request budget the recall block may take, in (0, 0.5].",
-    "recall.max_share": "What the block may take when the latest turn asks about the "
-    "past, in [share, 0.8].",
-    "recall.engine": "lexical | hybrid (adds embeddings where pgvector is present).",
-    "recall.text_search_config": "PostgreSQL text search configuration of the index.",
-    "recall.max_matches": "Candidates read per search.",
-    "recall.embedding_model": "litellm embedding model (hybrid only).",
-    "recall.embedding_api_base": "Its endpoint (hybrid only).",
-    "recall.embedding_api_key": "Its key: kept in the process, never recorded.",
-}
-
 
 def _type_name(tp: Any) -> str:
     """A field type as a reader writes it (``int | None``, ``'a' | 'b'``, ``list``)."""
@@ -118,7 +75,7 @@ def _config_rows(cls: type, prefix: str = "") -> Iterator[tuple[str, str, str, s
         if dataclasses.is_dataclass(hints[f.name]):
             nested.append((hints[f.name], key + "."))
             continue
-        help_text = f.metadata.get("help") or _CONFIG_HELP.get(key, "")
+        help_text = f.metadata.get("help", "")
         yield key, _type_name(hints[f.name]), _default(f), help_text
     for inner, inner_prefix in nested:
         yield from _config_rows(inner, inner_prefix)
