@@ -70,21 +70,39 @@ CROSS_SESSION: dict[tuple[str, str], str] = {
     "its session (two round trips fewer per lone statement); scoped() uses per-transaction "
     "SET LOCAL wherever the citus extension is installed",
     (
-        "contextledger.store.postgres",
+        "contextledger.store.postgres.statements",
         "WITH i AS ( SELECT * FROM unnest(",
     ): "APPEND_MESSAGES, the group commit of appends to different sessions: never used on "
     "Citus (PostgresStore turns batching off there: max_batch=1)",
     (
-        "contextledger.store.postgres",
+        "contextledger.store.postgres.store",
         "SELECT session_id, created_at, model, config::text, metadata::text, head, last_hash,"
-        " view_tokens, view_count FROM contextledger.sessions {where}",
+        " view_tokens, view_count, erased_at,",
     ): "list_sessions: a tenant's page of sessions (keyset, bounded by LIMIT): on Citus one "
     "query per shard, by nature; never on the hot path",
     (
-        "contextledger.store.postgres",
+        "contextledger.store.postgres.store",
         "SELECT session_id, purged_at, purged_by, reason, events, last_hash FROM"
         " contextledger.purges ORDER BY",
     ): "purges(): the audit listing of every purge, an operator's read",
+    (
+        "contextledger.store.postgres.store",
+        "SELECT session_id, erased_at, erased_by, actor, reason, events, last_hash,",
+    ): "erasures(): the audit listing of every erasure, an operator's read",
+    (
+        "contextledger.store.postgres.store",
+        "SELECT session_id FROM contextledger.session_keys WHERE kek_id <> $1",
+    ): "kek rotate: every data key not yet under the current KEK, an operator's command",
+    (
+        "contextledger.store.postgres.store",
+        "SELECT session_id FROM contextledger.sessions WHERE parent_session_id = $1",
+    ): "purge's check for forks standing on the session (by the parent column's index): a "
+    "fork may live on another shard, so on Citus this is one query per shard; purges only",
+    (
+        "contextledger.store.postgres.forks",
+        "SELECT session_id FROM contextledger.sessions WHERE parent_session_id = $1",
+    ): "forks(): a session's direct forks (the parent column's index), for the operator and "
+    "erase's cascade; a fork may live on another shard; never on the hot path",
 }
 
 

@@ -174,7 +174,10 @@ async def test_the_append_functions_answer_as_the_statements_do(pg_dsn: str) -> 
     answers the new view_tokens, as APPEND_MESSAGE and APPEND_SESSION_MESSAGES do."""
     from datetime import UTC, datetime
 
-    from contextledger.store.postgres import APPEND_MESSAGE_CALL, APPEND_SESSION_MESSAGES_CALL
+    from contextledger.store.postgres.statements import (
+        APPEND_MESSAGE_CALL,
+        APPEND_SESSION_MESSAGES_CALL,
+    )
 
     async with Ledger.open(pg_dsn) as ledger:
         await (await ledger.session("f")).add_message({"role": "user", "content": "x"})
