@@ -471,3 +471,15 @@ async def test_a_store_serving_many_sessions_holds_bounded_per_session_state(
             assert (await s.verify()).ok and s.head == 3
         gc.collect()
         assert len(store._locks) == 0
+
+
+async def test_a_dsn_with_libpq_connect_timeout_connects_and_keeps_it(pg_dsn: str) -> None:
+    """``connect_timeout`` is libpq's, in DSNs people copy: asyncpg sent it to the server
+    as a setting, which refused the connection ("unrecognized configuration parameter");
+    now it is asyncpg's connect timeout and the server never sees it."""
+    dsn = pg_dsn + ("&" if "?" in pg_dsn else "?") + "connect_timeout=7"
+    async with Ledger.open(dsn) as ledger:
+        session = await ledger.session("timeout-dsn", create=True)
+        assert await session.add_message({"role": "user", "content": "hi"}) == 2
+        pool = ledger.store._pool  # type: ignore[attr-defined]
+        assert pool._connect_kwargs["timeout"] == 7.0

@@ -3,12 +3,13 @@ redaction, and where a ledger's data goes (``resolve_target``)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from contextledger.errors import InvalidArgument
+from contextledger.errors import ConfigError, InvalidArgument
 
 _PREFIXES = ("postgresql+asyncpg://", "postgresql+psycopg://", "postgresql://", "postgres://")
 
@@ -24,8 +25,33 @@ def _rest(dsn: str) -> str:
     raise ValueError(f"not a PostgreSQL DSN: {redact(dsn)}")
 
 
+#: libpq's ``connect_timeout`` in a URL's query (asyncpg would send it to the server as a
+#: setting, which refuses it, and wait its own 60 s instead).
+_CONNECT_TIMEOUT = re.compile(r"([?&])connect_timeout=([^&#]*)&?", re.IGNORECASE)
+
+
 def asyncpg_dsn(dsn: str) -> str:
-    return "postgresql://" + _rest(dsn)
+    """``dsn`` as asyncpg takes it: its scheme, and without ``connect_timeout`` (passed
+    as asyncpg's ``timeout`` instead: ``connect_timeout``)."""
+    rest = _CONNECT_TIMEOUT.sub(lambda m: m[1], _rest(dsn))
+    return "postgresql://" + rest.rstrip("?&")
+
+
+def connect_timeout(dsn: str) -> float | None:
+    """The seconds a DSN's ``connect_timeout`` gives connecting (libpq's meaning; 0 or
+    none: asyncpg's default). A value that is not a number is a ``ConfigError``."""
+    m = _CONNECT_TIMEOUT.search(_rest(dsn))
+    if m is None:
+        return None
+    try:
+        seconds = float(m[2])
+    except ValueError:
+        raise ConfigError(
+            f"connect_timeout must be a number of seconds, not {m[2]!r}", key="dsn"
+        ) from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError("connect_timeout must be a number of seconds >= 0", key="dsn")
+    return seconds or None
 
 
 def with_user(dsn: str, user: str, password: str | None = None) -> str:
@@ -39,7 +65,7 @@ def with_user(dsn: str, user: str, password: str | None = None) -> str:
 
 
 def sqlalchemy_url(dsn: str) -> str:
-    return "postgresql+asyncpg://" + _rest(dsn)
+    return "postgresql+asyncpg://" + asyncpg_dsn(dsn).removeprefix("postgresql://")
 
 
 #: ``?password=…``/``&sslpassword=…`` in a URL's query, ``password=…`` in libpq's

@@ -37,7 +37,7 @@ from contextledger.store.base import (
 )
 from contextledger.store.batching import AppendBatcher
 from contextledger.store.distributed import Citus
-from contextledger.store.dsn import asyncpg_dsn, redact
+from contextledger.store.dsn import asyncpg_dsn, connect_timeout, redact
 from contextledger.store.errors import translate, translated
 from contextledger.store.lineage import Lineage, segments
 from contextledger.store.postgres.appends import Appends
@@ -165,6 +165,9 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             search_settings.update(_SEARCH_CONNECTION, application_name="contextledger-search")
         options: dict[str, Any] = {"reset": _keep_session}
         search_options: dict[str, Any] = {"reset": _keep_session}
+        timeout = connect_timeout(dsn)  # libpq's connect_timeout: asyncpg's own is 60 s
+        if timeout is not None:
+            options["timeout"] = search_options["timeout"] = timeout
         if pgbouncer:
             options["statement_cache_size"] = search_options["statement_cache_size"] = 0
         if tenant is not None:
@@ -216,7 +219,9 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             # with its parameters' values: no generic plan for the search (it has no
             # connection yet, so all of them get this).
             search_settings.pop("plan_cache_mode")
-            cache = {k: v for k, v in search_options.items() if k == "statement_cache_size"}
+            cache = {
+                k: v for k, v in search_options.items() if k in ("statement_cache_size", "timeout")
+            }
             search_pool.set_connect_args(asyncpg_dsn(dsn), server_settings=search_settings, **cache)
         return cls(
             pool,
