@@ -157,7 +157,7 @@ def session_bytes(session: Session) -> int:
         session._store,
         session.counter,
         session.hooks,
-        session._config,
+        session._state.config,
         session.pre_compact,
         session.on_fallback,
     ]
