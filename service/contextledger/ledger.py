@@ -478,51 +478,38 @@ class Ledger:
         """Erase a session by destroying its data key: its content is unreadable from
         then on (in this database, its replicas and its backups alike), every derived
         plaintext copy is removed, the chain still verifies, and an audit record says who
-        erased it, when and why (``erasures``). Forks of it go with it. Returns the audit
-        records, the session's first. ``SessionNotEncrypted`` (use ``purge``) for a session
+        erased it, when and why (``erasures``). Forks of it go with it, in the same
+        transaction (their prefix is its content). Returns the audit records, the
+        session's first. ``SessionNotEncrypted`` (use ``purge``) for a session
         written without a data key; ``SessionErased`` if it already was."""
         self._check_open()
         check_session_id(session_id)
         reason = check_text(reason, "reason", limit=1000).strip()
         if actor is not None:
             check_text(actor, "actor")
+        forks = await self.forks_of(session_id)
         receipts = [await self.store.erase(session_id, reason, actor=actor)]
-        receipts += await self.erase_forks(await self.forks_of(session_id), reason, actor)
+        if forks:  # erased with it, in the same transaction: their audit records
+            by_id = {e.session_id: e for e in await self.store.erasures()}
+            receipts += [by_id[f] for f in forks if f in by_id]
         log.info("session_erased", session_id=session_id, forks=len(receipts) - 1)
         return receipts
 
     async def forks_of(self, session_id: str) -> list[str]:
         """The sessions forked from ``session_id`` (and from those, transitively), by the
-        index on the parent column. (``fork`` refuses a sealed parent today, so an erased
-        session has none; the cascade stays for when sealed forks come.)"""
+        index on the parent column, nearest first."""
         found: list[str] = []
-        todo = [session_id]
-        while todo:
-            try:
-                children = await self.store.forks(todo.pop())
-            except SessionNotFound:  # erased (or gone) with no fork standing on it
-                continue
+        level = [session_id]
+        while level:
+            children: list[str] = []
+            for sid in level:
+                try:
+                    children += await self.store.forks(sid)
+                except (SessionNotFound, SessionErased):  # gone, with no fork on it
+                    continue
             found += children
-            todo += children
+            level = children
         return found
-
-    async def erase_forks(
-        self, children: list[str], reason: str, actor: str | None
-    ) -> list[Erasure]:
-        """Erase each child of an erased session (the one cascade point): a fork of an
-        erased prefix holds that prefix's content, so it goes too. One already erased is
-        skipped; an unsealed child cannot be shredded and is refused like its parent."""
-        out: list[Erasure] = []
-        for child in children:
-            try:
-                out.append(
-                    await self.store.erase(
-                        child, f"{reason} (fork of an erased session)", actor=actor
-                    )
-                )
-            except SessionErased:
-                continue
-        return out
 
     async def erasures(self) -> list[Erasure]:
         """Every erasure's audit record, oldest first."""

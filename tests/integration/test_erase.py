@@ -425,3 +425,89 @@ async def test_another_process_erasing_stops_this_ones_reads_and_appends(pg_dsn:
             await s.get_messages_for_request()
         assert [e.seq async for e in here.store.stored_events("shared")] == [1, 2]
         assert (await here.verify("shared")).ok
+
+
+async def test_a_sealed_session_forks_and_the_fork_is_erased_with_it(sealed: Ledger) -> None:
+    """A fork of a sealed session reads its prefix with the parent's key and seals its
+    own events under a key of its own; erasing the parent takes the fork (and the fork's
+    fork) with it, each audited; a bystander fork of another session stays."""
+    parent = await _write_markers(sealed, "root", "MRK")
+    fork = await parent.fork("root-f")
+    assert (await fork.refresh()).sealed
+    assert await fork.get_messages() == await parent.get_messages()
+    assert [m async for m in _contents(fork)][: parent.head] == [m async for m in _contents(parent)]
+    await fork.add_message({"role": "user", "content": "fork says FORKMRK-own"})
+    grand = await fork.fork("root-f-f")
+    await grand.add_message({"role": "user", "content": "grand says GRANDMRK"})
+    assert "FORKMRK-own" in str(await grand.get_messages())
+    stored = [e async for e in sealed.store.stored_events("root-f")]
+    assert not any("MRK" in str(e.data) for e in stored)  # its own part is sealed too
+    assert (await sealed.verify("root-f-f")).ok
+    other = await sealed.session("other-root")
+    await other.add_message({"role": "user", "content": "stays"})
+    bystander = await other.fork("other-f")
+
+    receipts = await sealed.erase("root", reason="asked", actor="dpo")
+
+    assert [r.session_id for r in receipts] == ["root", "root-f", "root-f-f"]
+    assert all(r.actor == "dpo" and r.reason.startswith("asked") for r in receipts)
+    assert "fork of 'root'" in receipts[1].reason
+    assert {e.session_id for e in await sealed.erasures()} == {"root", "root-f", "root-f-f"}
+    for sid in ("root-f", "root-f-f"):
+        with pytest.raises(SessionErased):
+            await sealed.session(sid, create=False)
+        assert (await sealed.verify(sid)).ok  # the chains hash what is stored
+        stored = [e async for e in sealed.store.stored_events(sid)]
+        assert not any("MRK" in str(e.payload.to_data()) for e in stored)
+    with pytest.raises(SessionErased):
+        await fork.get_messages()
+    with pytest.raises(SessionErased):
+        await parent.fork("root-late")
+    assert await bystander.get_messages() == [{"role": "user", "content": "stays"}]
+
+
+async def _contents(session: Any) -> AsyncIterator[Any]:
+    async for e in session.events():
+        yield e.payload.to_data()
+
+
+async def test_erasing_a_fork_leaves_its_sealed_parent(sealed: Ledger) -> None:
+    parent = await _write_markers(sealed, "keep", "MRK")
+    await parent.compact("truncate", token_budget=200)  # materialized rows, copied to the fork
+    before = await parent.get_messages()
+    fork = await parent.fork("keep-f", at=3)  # an earlier seq: its view folded from the prefix
+    assert await fork.view() == await parent.view_at(3)
+    await fork.add_message({"role": "user", "content": "fork only FORKMRK"})
+    receipts = await sealed.erase("keep-f", reason="the fork only")
+    assert [r.session_id for r in receipts] == ["keep-f"]
+    assert await parent.get_messages() == before
+    assert (await sealed.verify("keep")).ok
+    with pytest.raises(SessionErased):
+        await fork.get_messages()
+
+
+async def test_a_sealed_parent_forks_only_with_its_kek(pg_dsn: str) -> None:
+    async with Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as ledger:
+        s = await ledger.session("locked")
+        await s.add_message({"role": "user", "content": "secret"})
+    async with Ledger.open(pg_dsn, keyring=None) as ledger:
+        with pytest.raises(KeyUnavailable):
+            await ledger.fork("locked", "locked-f")
+        with pytest.raises(SessionNotFound):
+            await ledger.session("locked-f", create=False)  # nothing was written
+
+
+async def test_pg_dump_holds_no_marker_of_an_erased_prefix_in_its_forks(
+    pg_dsn: str, postgresql: Any
+) -> None:
+    """The fork's materialized rows (copied at the head, after a compaction) hold the
+    parent's plaintext; erasing the parent removes them with the fork's key."""
+    async with Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as ledger:
+        s = await _write_markers(ledger, "p-audited", "CANARY8F")
+        await s.compact("truncate", token_budget=200)
+        fork = await s.fork("p-audited-f")
+        await fork.get_messages_for_request()
+        assert await ledger.store.forks("p-audited") == ["p-audited-f"]
+        await ledger.erase("p-audited", reason="audit")
+        dump = await asyncio.to_thread(_dump, postgresql.info.dbname)
+        assert "CANARY8F" not in dump

@@ -34,7 +34,14 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from contextledger import InvalidArgument, InvalidMessage, Ledger, OwnedLedger, Session
+from contextledger import (
+    Checkpoint,
+    InvalidArgument,
+    InvalidMessage,
+    Ledger,
+    OwnedLedger,
+    Session,
+)
 from contextledger.adapters._loops import LoopThread
 from contextledger.extras import missing_extra
 
@@ -405,6 +412,28 @@ class LedgerAgentMemory:
             )
             self._histories[thread_id] = history
         return history
+
+    async def afork(
+        self, thread_id: str, new_thread_id: str, at: Checkpoint | str | int | None = None
+    ) -> None:
+        """Time travel for the memory: ``new_thread_id`` starts with ``thread_id``'s memory
+        as it was at ``at`` (a ``Checkpoint``, a label or a seq; default now) and goes on
+        on its own, a ledger fork (one pointer event, nothing copied). Invoke the graph
+        with ``{"configurable": {"thread_id": new_thread_id}}`` to continue from there;
+        ``thread_id`` is unaffected."""
+        await self._ledgers.call(lambda: self._fork_here(thread_id, new_thread_id, at))
+
+    def fork(
+        self, thread_id: str, new_thread_id: str, at: Checkpoint | str | int | None = None
+    ) -> None:
+        """``afork`` from sync code."""
+        self._ledgers.run(lambda: self._fork_here(thread_id, new_thread_id, at))
+
+    async def _fork_here(
+        self, thread_id: str, new_thread_id: str, at: Checkpoint | str | int | None
+    ) -> None:
+        session = await self.history(thread_id)._session()
+        await session.fork(self.session_prefix + new_thread_id, at)
 
     async def aclose(self) -> None:
         """Close what this memory opened (from ``dsn=``; a ``ledger=`` given stays open)."""

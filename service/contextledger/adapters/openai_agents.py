@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from contextledger import (
+    Checkpoint,
     ConcurrencyError,
     InvalidArgument,
     InvalidInput,
@@ -502,6 +503,34 @@ class LedgerSession(SessionABC):
             await session.clear()
 
         await self._run(clear)
+
+    # -- branching -------------------------------------------------------------------------
+
+    async def fork(
+        self, new_session_id: str, at: Checkpoint | str | int | None = None
+    ) -> LedgerSession:
+        """A new ``LedgerSession`` standing on this one at ``at`` (a ``Checkpoint``, a
+        label or a seq; default the head): the SDK's branching
+        (``AdvancedSQLiteSession.create_branch_from_turn``) as a ledger fork, one pointer
+        event, nothing copied. This session goes on unaffected; the new one has the same
+        ledger (or dsn), budget, model, config and settings."""
+
+        async def fork(session: Session) -> None:
+            try:
+                await session.fork(new_session_id, at)
+            except _BAD_INPUT as exc:
+                raise UserError(str(exc)) from exc
+
+        await self._run(fork)
+        return LedgerSession(
+            new_session_id,
+            ledger=self._ledger,
+            dsn=self._dsn,
+            token_budget=self.token_budget,
+            model=self._model,
+            config=self._config,
+            session_settings=self.session_settings,
+        )
 
     # -- closing ---------------------------------------------------------------------------
 

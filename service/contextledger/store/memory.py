@@ -170,16 +170,40 @@ class MemoryStore(Store):
         self._erasures: list[Erasure] = []
 
     async def erase(self, session_id: str, reason: str, *, actor: str | None = None) -> Erasure:
+        """As PostgreSQL's: the session and every fork standing on it (their prefix is
+        its content), each with an audit row; all checked before any is erased."""
         if not reason.strip():
             raise InvalidArgument("an erasure needs a non-blank reason", field="reason")
+        self._get(session_id)
+        forks = self._descendants(session_id)
+        for sid in (session_id, *forks):
+            if sid not in self._sealers:
+                raise SessionNotEncrypted(
+                    f"session {sid!r} was written without a data key: it cannot be "
+                    "erased by destroying one. Remove it with the audited purge "
+                    f"(`contextledger purge {sid} --reason ...`).",
+                    session_id=sid,
+                )
+        receipt = self._erase_one(session_id, reason, actor)
+        for fork in forks:
+            self._erase_one(fork, f"{reason} (a fork of {session_id!r}, erased with it)", actor)
+        return receipt
+
+    def _descendants(self, session_id: str) -> list[str]:
+        """The live forks standing on ``session_id``, theirs, and so on, nearest first."""
+        found: list[str] = []
+        level = {session_id}
+        while level:
+            level = {
+                sid
+                for sid, s in self._streams.items()
+                if s.info.parent is not None and s.info.parent[0] in level
+            }
+            found.extend(sorted(level))
+        return found
+
+    def _erase_one(self, session_id: str, reason: str, actor: str | None) -> Erasure:
         stream = self._get(session_id)
-        if session_id not in self._sealers:
-            raise SessionNotEncrypted(
-                f"session {session_id!r} was written without a data key: it cannot be "
-                "erased by destroying one. Remove it with the audited purge "
-                f"(`contextledger purge {session_id} --reason ...`).",
-                session_id=session_id,
-            )
         del self._sealers[session_id]
         # keep only what was stored: sealed data, hashes; the payloads are decoded from
         # the sealed data, so no plaintext stays reachable from the store
@@ -332,10 +356,14 @@ class MemoryStore(Store):
             state.view_tokens,
             len(state.view),
             parent=(parent_id, parent_seq),
+            sealed=self._keyring is not None,
         )
         stream = _Stream(info, [*prefix, event])
         stream.adopt(state)
         self._streams[session_id] = stream
+        if self._keyring is not None:  # its own events sealed under a key of its own
+            sealer, _, _ = self._keyring.new_key(tenant="local", session_id=session_id)
+            self._sealers[session_id] = sealer
         return info
 
     async def forks(self, session_id: str) -> list[str]:

@@ -23,7 +23,7 @@ from langchain_core.messages import (
 )
 from langgraph.graph import END, START, MessagesState, StateGraph
 
-from contextledger import InvalidArgument, Ledger
+from contextledger import InvalidArgument, Ledger, SessionExists
 from contextledger.adapters.langchain import (
     InvalidLangChainMessage,
     LedgerAgentMemory,
@@ -411,6 +411,56 @@ async def test_react_agent_remembers_across_runs_and_fits_the_budget(
     assert "old 0 " not in sent.text and len(sent.messages) < 41
     with pytest.raises(InvalidArgument, match="thread_id"):
         await agent2.ainvoke({"messages": [HumanMessage("no thread")]})
+
+
+@pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
+async def test_react_agent_continues_a_forked_thread(pg_ledger: Ledger, fake_llm: FakeLLM) -> None:
+    """Time travel for the memory: a thread forked at its first answer continues from
+    there under a new thread id; the model sees the prefix, not the original's later
+    turns, and the original thread is unaffected."""
+    from langchain_openai import ChatOpenAI
+    from langgraph.prebuilt import create_react_agent
+
+    fake_llm.script(
+        "y", [ok("Oslo it is."), ok("Bergen then."), ok("Trondheim instead."), ok("still")]
+    )
+    model = ChatOpenAI(model="y", base_url=fake_llm.base_url, api_key="test", max_retries=0)
+    memory = LedgerAgentMemory(ledger=pg_ledger, model="gpt-4o")
+    agent = create_react_agent(
+        model, [], pre_model_hook=memory.pre_model_hook, post_model_hook=memory.post_model_hook
+    )
+    main: Any = {"configurable": {"thread_id": "trip"}}
+    await agent.ainvoke({"messages": [HumanMessage("Plan a trip to Oslo")]}, main)
+    session = await memory.history("trip").session()
+    mark = await session.checkpoint("after-oslo")
+    await agent.ainvoke({"messages": [HumanMessage("Add Bergen")]}, main)
+
+    await memory.afork("trip", "trip-b", at=mark)
+    branch: Any = {"configurable": {"thread_id": "trip-b"}}
+    await agent.ainvoke({"messages": [HumanMessage("Add Trondheim")]}, branch)
+    sent = fake_llm.requests[-1]
+    assert [m["content"] for m in sent.messages] == [
+        "Plan a trip to Oslo",
+        "Oslo it is.",
+        "Add Trondheim",
+    ]
+    forked = await memory.history("trip-b").session()
+    assert forked.parent == (session.session_id, mark.seq)
+    original = [m.content for m in await memory.history("trip").aget_messages()]
+    assert original == ["Plan a trip to Oslo", "Oslo it is.", "Add Bergen", "Bergen then."]
+    with pytest.raises(SessionExists):
+        await memory.afork("trip", "trip-b")  # the id is taken: nothing written
+
+
+def test_sync_fork_of_a_thread(pg_dsn: str) -> None:
+    memory = LedgerAgentMemory(dsn=pg_dsn, model="gpt-4o")
+    try:
+        memory.history("s").add_messages([HumanMessage("one"), AIMessage("two")])
+        memory.fork("s", "s-2", at=2)
+        assert [m.content for m in memory.history("s-2").messages] == ["one"]
+        assert [m.content for m in memory.history("s").messages] == ["one", "two"]
+    finally:
+        memory.close()
 
 
 def test_missing_extra_names_the_pip_command() -> None:

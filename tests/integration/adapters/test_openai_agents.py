@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai import AsyncOpenAI
 
-from contextledger import InvalidMessage, Ledger
+from contextledger import InvalidMessage, Ledger, SessionExists
 from contextledger.adapters.openai_agents import ITEMS_KEY, LedgerSession
 from tests.fakellm import FakeLLM, ok, running_fake_llm, tool_call
 
@@ -259,6 +259,35 @@ async def test_pop_is_a_rollback_and_history_stays(ledger: Ledger) -> None:
     await session.clear_session()
     assert await session.get_items() == []
     assert (await inner.verify()).ok
+
+
+async def test_fork_branches_from_a_turn_and_both_go_on(ledger: Ledger) -> None:
+    """The SDK's branching (``create_branch_from_turn``) as a ledger fork: the branch
+    starts with the items up to the mark, the original keeps its later items, and each
+    goes on apart; a taken id is ``SessionExists`` (a conflict, not bad input: as the
+    adapter's other ledger errors, it propagates as is) and writes nothing."""
+    session = LedgerSession("oa-fork", ledger=ledger, session_settings={"limit": 10})
+    await session.add_items([{"role": "user", "content": "first question"}])
+    await session.add_items([{"role": "assistant", "content": "first answer"}])
+    mark = await (await session.session()).checkpoint("after-first")
+    await session.add_items([{"role": "user", "content": "second question"}])
+
+    branch = await session.fork("oa-fork-b", at=mark)
+    assert isinstance(branch, LedgerSession) and branch.session_settings == SessionSettings(
+        limit=10
+    )
+    first = [{"role": "user", "content": "first question"}]
+    first.append({"role": "assistant", "content": "first answer"})
+    assert await branch.get_items() == first
+    await branch.add_items([{"role": "user", "content": "other question"}])
+    assert (await branch.get_items())[-1] == {"role": "user", "content": "other question"}
+    assert (await session.get_items())[-1] == {"role": "user", "content": "second question"}
+    assert (await branch.session()).parent == ("oa-fork", mark.seq)
+    with pytest.raises(SessionExists):
+        await session.fork("oa-fork-b")
+    with pytest.raises(UserError, match="session_id"):
+        await session.fork("")  # bad input: the SDK's UserError
+    assert await branch.get_items() == [*first, {"role": "user", "content": "other question"}]
 
 
 async def test_token_budget_fits_without_splitting_calls(ledger: Ledger) -> None:

@@ -344,7 +344,7 @@ class Appends(Lineages):
                     return AppendResult((dup[0],), True)
             await self._check_target(conn, session_id, head, last_hash, known, expected_seq)
             lineage = await self._lineage(session_id, conn)
-            if lineage:  # never sealed: fork_session refuses a sealed parent
+            if lineage:  # each part opened with its own session's key
                 view = await self._fork_view(conn, session_id, lineage)
             else:
                 view = tuple(_item(r, sealer) for r in await conn.fetch(READ_VIEW, session_id))

@@ -3,7 +3,13 @@
 A fork's seqs continue its parent's: seqs 1..s are the parent's events (read by the
 parent's id, one statement per session of the lineage, so each names one session), the
 fork's own start at s+1 with a ``session.forked`` event pointing at (parent, s, hash).
-Every other mixin reads through ``_lineage``."""
+Every other mixin reads through ``_lineage``.
+
+Sealed sessions fork too: each event is opened with the data key of the session that
+holds it (``_opener``), and a fork made with a key-encryption key configured has a data
+key of its own. So erasing a session destroys the key its forks' prefix needs, and the
+store erases the forks with it (``descendants``): their materialized rows hold plaintext
+of that prefix."""
 
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from contextledger.core.encoding import dumps
 from contextledger.core.events import Event, SessionForked
 from contextledger.core.projection import fold
 from contextledger.core.view import ViewItem
-from contextledger.errors import InvalidArgument, SeqOutOfRange, SessionExists, SessionNotFound
+from contextledger.errors import SeqOutOfRange, SessionExists, SessionNotFound
 from contextledger.store.base import SessionInfo
 from contextledger.store.errors import translated
 from contextledger.store.lineage import Lineage, owner_of, segments
@@ -28,10 +34,12 @@ from contextledger.store.postgres.statements import (
     READ_FORK_VIEW,
     SEGMENT_TAIL,
     S,
+    _erased,
     _event,
     _item,
 )
 from contextledger.store.postgres.tips import ChainTips
+from contextledger.store.sealing import Sealer, is_sealed_message
 
 
 class Lineages(ChainTips):
@@ -71,8 +79,32 @@ class Lineages(ChainTips):
                 a,
                 b,
             )
-            out.extend(_event(owner, r) for r in rows)
+            sealer = await self._opener(owner, conn)
+            out.extend(_event(owner, r, sealer) for r in rows)
         return out
+
+    async def _opener(
+        self, owner: str, conn: asyncpg.Connection | asyncpg.Pool | None = None
+    ) -> Sealer | None:
+        """The data key that opens ``owner``'s events (None: written in clear), asked
+        afresh for a sealed session (a key another process destroyed opens nothing)."""
+        db = conn if isinstance(conn, asyncpg.Connection) else None
+        return await self._sealer(owner, conn=db, fresh=True)
+
+    async def descendants(self, session_id: str, conn: asyncpg.Connection) -> list[str]:
+        """The forks standing on ``session_id``, theirs, and so on, nearest first (by the
+        index on the parent column, a level a statement): what an erasure takes with it."""
+        found: list[str] = []
+        level = [session_id]
+        while level:
+            rows = await conn.fetch(
+                f"SELECT session_id FROM {S}.sessions WHERE parent_session_id = ANY($1::text[])"
+                " ORDER BY session_id",
+                level,
+            )
+            level = [r[0] for r in rows]
+            found.extend(level)
+        return found
 
     async def _fork_view(
         self, db: asyncpg.Connection | asyncpg.Pool, session_id: str, lineage: Lineage
@@ -80,24 +112,26 @@ class Lineages(ChainTips):
         """A fork's view: its own materialized rows, then the message events after its
         watermark: its own with them (``READ_FORK_VIEW``, one snapshot), the ancestors'
         up to the fork point by each ancestor's id (a fresh fork: two statements)."""
+        own = await self._opener(session_id, db)
         rows = await db.fetch(READ_FORK_VIEW, session_id)
         if not rows:
             raise SessionNotFound.for_session(session_id)
         base = rows[0][1]
-        items = list(rows[1:])
-        older: list[asyncpg.Record] = []
+        items = [_item(r, own) for r in rows[1:]]
+        older: list[ViewItem] = []
         for owner, a, b in segments(session_id, lineage, base + 1, lineage[-1][1]):
-            older.extend(await db.fetch(SEGMENT_TAIL, owner, a, b))
+            sealer = await self._opener(owner, db)
+            older.extend(_item(r, sealer) for r in await db.fetch(SEGMENT_TAIL, owner, a, b))
         if older:
-            items = sorted(items + older, key=lambda r: r[0])
-        return tuple(_item(r) for r in items)
+            items = sorted(items + older, key=lambda i: i.ord)
+        return tuple(items)
 
     async def _fork_branch(
         self, conn: asyncpg.Connection, session_id: str, lineage: Lineage
     ) -> list[tuple[int, int, int, Any]]:
         """A fork's branch as ``(ord, seq, part, message JSON text)``: its own rows'
         messages and the message events after its branch watermark, each read from the
-        session of its lineage that holds it."""
+        session of its lineage that holds it (and opened with that session's key)."""
         row = await conn.fetchrow(
             f"SELECT branch_base, head FROM {S}.sessions WHERE session_id = $1", session_id
         )
@@ -114,8 +148,9 @@ class Lineages(ChainTips):
             seqs = [q for q in wanted if a <= q <= b]
             if not seqs:
                 continue
+            sealer = await self._opener(owner, conn)
             for r in await conn.fetch(
-                f"SELECT e.seq, p.part, p.message::text FROM {S}.events e,"
+                f"SELECT e.seq, p.part, p.message::text, e.type FROM {S}.events e,"
                 " LATERAL (SELECT 0 AS part, e.data -> 'message' AS message"
                 "          WHERE e.type <> 'messages.replaced'"
                 "          UNION ALL SELECT (n - 1)::int, m FROM jsonb_array_elements("
@@ -125,10 +160,15 @@ class Lineages(ChainTips):
                 owner,
                 seqs,
             ):
-                texts[(r[0], r[1])] = r[2]
+                replaced = r[3] == "messages.replaced"
+                texts[(r[0], r[1])] = _opened_text(sealer, r[0], r[2], r[1] if replaced else None)
         out = [(r[0], r[1], r[2], texts.get((r[1], r[2]))) for r in refs]
         for owner, a, b in segments(session_id, lineage, base + 1, head):
-            out.extend((r[0], r[1], 0, r[4]) for r in await conn.fetch(SEGMENT_TAIL, owner, a, b))
+            sealer = await self._opener(owner, conn)
+            out.extend(
+                (r[0], r[1], 0, _opened_text(sealer, r[1], r[4]))
+                for r in await conn.fetch(SEGMENT_TAIL, owner, a, b)
+            )
         return out
 
     @translated
@@ -149,30 +189,32 @@ class Lineages(ChainTips):
         its view after it): the messages after the watermarks are read from the parent.
         At an earlier seq the parent's rows may have moved on: the view as of that seq is
         folded from the prefix once and materialized for the fork.
+
+        With a key-encryption key configured the fork gets a data key of its own, as a
+        new session does; a sealed parent needs one (``KeyUnavailable`` without), and an
+        erased one is refused (``SessionErased``).
         """
         lineage = await self._lineage(parent_id)
-        if await self._sealer(parent_id) is not None:
-            raise InvalidArgument(
-                f"session {parent_id!r} is sealed under a data key: forking a sealed session"
-                " is not supported yet (its fork would need the parent's key to read its"
-                " prefix and would have to be erased with it)",
-                field="session_id",
-            )
+        await self._opener(parent_id)  # an erased parent, or a sealed one with no KEK: refused
         owner = owner_of(parent_id, lineage, parent_seq)
         if owner != parent_id:  # the seq is an ancestor's event: stand on that ancestor
             return await self.fork_session(
                 session_id, owner, parent_seq, created_at=created_at, metadata=metadata
             )
+        sealer: Sealer | None = None
         try:
             async with self._pool.acquire() as conn, conn.transaction():
                 p = await conn.fetchrow(
                     f"SELECT head, last_hash, model, config::text, view_gen, view_base,"
-                    f" branch_base, view_tokens, view_count FROM {S}.sessions"
+                    f" branch_base, view_tokens, view_count, erased_at FROM {S}.sessions"
                     " WHERE session_id = $1 FOR SHARE",
                     parent_id,
                 )
                 if p is None:
                     raise SessionNotFound.for_session(parent_id)
+                if p[9] is not None:  # erased since the key was read
+                    self._forget(parent_id)
+                    raise _erased(parent_id)
                 head = p[0]
                 if not 1 <= parent_seq <= head:
                     raise SeqOutOfRange(
@@ -222,6 +264,17 @@ class Lineages(ChainTips):
                         for i in state.view
                     ]
                     branch_rows = [(session_id, i.ord, i.ref[0], i.ref[1]) for i in state.branch]
+                if self._keyring is not None:
+                    sealer, kid, wrapped = self._keyring.new_key(
+                        tenant=self._tenant, session_id=session_id
+                    )
+                    await conn.execute(
+                        f"INSERT INTO {S}.session_keys (session_id, kek_id, wrapped_dek)"
+                        " VALUES ($1, $2, $3)",
+                        session_id,
+                        kid,
+                        wrapped,
+                    )
                 payload = SessionForked(parent_id, parent_seq, prev, dict(metadata))
                 event = make_event(session_id, parent_seq + 1, payload, prev, created_at=created_at)
                 await conn.execute(
@@ -274,6 +327,7 @@ class Lineages(ChainTips):
                 f"session {session_id!r} already exists", session_id=session_id
             ) from None
         self._remember_head(session_id, (event.seq, event.hash))
+        self._sealers[session_id] = sealer
         self._lineages[session_id] = (*lineage, (parent_id, parent_seq))
         return SessionInfo(
             session_id,
@@ -286,6 +340,7 @@ class Lineages(ChainTips):
             tokens,
             count,
             parent=(parent_id, parent_seq),
+            sealed=sealer is not None,
         )
 
     @translated
@@ -321,3 +376,13 @@ class Lineages(ChainTips):
             }
         seqs.update(range(row[0] + 1, row[1] + 1))
         return seqs
+
+
+def _opened_text(sealer: Sealer | None, seq: int, text: str, part: int | None = None) -> str:
+    """A message's JSON text as read by SQL, opened with ``sealer`` when it is sealed."""
+    if sealer is None:
+        return text
+    message = json.loads(text)
+    if not is_sealed_message(message):
+        return text
+    return dumps(sealer.open_message(seq, message, part=part))

@@ -185,10 +185,13 @@ class Reads(Lineages):
         page: int = 2000,
         opened: bool = True,
     ) -> AsyncIterator[Event]:
-        sealer = await self._sealer(session_id, fresh=True) if opened else None
+        if opened:
+            await self._sealer(session_id, fresh=True)  # an erased session: SessionErased
         upper = to_seq if to_seq is not None else 2**62
         lineage = await self._lineage(session_id)
         for owner, lo, hi in segments(session_id, lineage, from_seq, upper):
+            # each event opened with the key of the session that holds it
+            sealer = await self._opener(owner) if opened else None
             cursor = lo
             while True:
                 rows = await self._pool.fetch(
@@ -199,9 +202,8 @@ class Reads(Lineages):
                     hi,
                     page,
                 )
-                # a fork is never sealed: only its own part can be (none, today)
                 for row in rows:
-                    yield _event(owner, row, sealer if owner == session_id else None)
+                    yield _event(owner, row, sealer)
                 if len(rows) < page:
                     break
                 cursor = rows[-1][0] + 1

@@ -66,6 +66,13 @@ from contextledger.store.sealing import KEK_ENV, KeyRing, Sealer
 log = structlog.get_logger(__name__)
 
 
+#: One session's erasure (migration 0013's function), its audit row back.
+_ERASE = (
+    "SELECT session_id, erased_at, erased_by, actor, reason, events, last_hash,"
+    f" removed::text FROM {S}.erase_session($1, $2, $3)"
+)
+
+
 class PostgresStore(Appends, Reads, Search, Vectors):
     kind = "postgres"
     concurrent_search = True
@@ -365,7 +372,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
                 raise SessionNotFound.for_session(session_id)
             sealer = await self._sealer(session_id, conn=conn, fresh=True)
             lineage = await self._lineage(session_id, conn)
-            if lineage:  # a fork is never sealed (fork_session refuses a sealed parent)
+            if lineage:  # each part opened with its own session's key
                 events = await self._lineage_events(conn, session_id, lineage, 1, row[3])
             else:
                 events = [
@@ -481,31 +488,41 @@ class PostgresStore(Appends, Reads, Search, Vectors):
     @translated
     async def erase(self, session_id: str, reason: str, *, actor: str | None = None) -> Erasure:
         """One transaction (``erase_session``): the data key destroyed, the derived rows
-        deleted, the audit row written. Then this store forgets the session."""
+        deleted, the audit row written; and the same for every fork standing on the
+        session (its prefix was this session's content, opened with the key destroyed
+        here, and its materialized rows hold it in clear), each with an audit row of its
+        own. Then this store forgets them."""
+        target = session_id
+        erased = [session_id]
         async with self._lock(session_id):
             try:
-                row = await self._pool.fetchrow(
-                    f"SELECT session_id, erased_at, erased_by, actor, reason, events,"
-                    f" last_hash, removed::text FROM {S}.erase_session($1, $2, $3)",
-                    session_id,
-                    reason,
-                    actor,
-                )
+                async with self._pool.acquire() as conn, conn.transaction():
+                    row = await conn.fetchrow(_ERASE, session_id, reason, actor)
+                    for fork in await self.descendants(session_id, conn):
+                        gone = await conn.fetchval(
+                            f"SELECT erased_at FROM {S}.sessions WHERE session_id = $1", fork
+                        )
+                        if gone is None:
+                            target = fork
+                            erased.append(fork)
+                            why = f"{reason} (a fork of {session_id!r}, erased with it)"
+                            await conn.fetchrow(_ERASE, fork, why, actor)
             except asyncpg.PostgresError as exc:
                 state = getattr(exc, "sqlstate", None)
                 if state == "P0002":
-                    raise SessionNotFound.for_session(session_id) from None
+                    raise SessionNotFound.for_session(target) from None
                 if state == ERASED_STATE:
-                    raise _erased(session_id) from None
+                    raise _erased(target) from None
                 if state == NOT_SEALED_STATE:
-                    raise _not_sealed(session_id) from None
+                    raise _not_sealed(target) from None
                 if state == "22023":
                     raise InvalidArgument(
                         "an erasure needs a non-blank reason", field="reason"
                     ) from None
                 raise
             finally:
-                self._forget(session_id)
+                for sid in erased:
+                    self._forget(sid)
         assert row is not None
         return Erasure(row[0], row[1], row[2], row[3], row[4], row[5], row[6], json.loads(row[7]))
 
