@@ -78,8 +78,6 @@ class AppendingSession(Protocol):
     session_id: str
     counter: TokenCounter
 
-    @property
-    def _requests(self) -> PlannedRequests: ...
     async def refresh(self) -> SessionInfo: ...
 
 
@@ -189,8 +187,15 @@ class WritePath:
     def __init__(self, session: AppendingSession, state: SessionState) -> None:
         self._s = session
         self._state = state
+        #: the request path, kept in step by each append (``follow``)
+        self._requests: PlannedRequests | None = None
         self._open: OpenCalls | None = None
         self._tail_known = False
+
+    def follow(self, requests: PlannedRequests) -> None:
+        """Keep ``requests`` in step with every append from now on (the session wires
+        its request path here once both exist: each needs the other)."""
+        self._requests = requests
 
     async def append(
         self,
@@ -201,7 +206,7 @@ class WritePath:
         """Append; keep the session's head and the request state in step without reading
         anything back (``RequestPath.on_append``); a view rewrite resets what was cached."""
         s = self._s
-        self._state.ledger._check_open()
+        self._state.ledger.check_open()
         prior = self._state.head
 
         def call() -> Awaitable[AppendResult]:
@@ -230,10 +235,11 @@ class WritePath:
             return result.seqs
         self._state.advance(result.seq, result.last_hash, view_tokens=result.view_tokens)
         if rewrites_view(payloads):
-            s._requests.view_changed()
+            if self._requests is not None:
+                self._requests.view_changed()
             self.forget_tail()
-        else:
-            s._requests.on_append(prior, result, payloads)
+        elif self._requests is not None:
+            self._requests.on_append(prior, result, payloads)
         return result.seqs
 
     async def _same_batch(
@@ -261,7 +267,7 @@ class WritePath:
 
     async def _ensure_tail(self) -> None:
         if not self._tail_known:
-            last = self._s._requests.current_tail(64)
+            last = self._requests.current_tail(64) if self._requests is not None else None
             if last is None:  # the last unit, whatever its size: never the whole view
                 s = self._s
                 last = list((await self._state.store.read_view_tail(s.session_id, 1)).items)
@@ -334,7 +340,7 @@ class WritePath:
     ) -> list[int]:
         """``Session.add_messages`` up to the append: all the messages or none."""
         s = self._s
-        self._state.ledger._check_open()
+        self._state.ledger.check_open()
         if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
             raise InvalidArgument("add_messages takes a list of messages")
         if not isinstance(critical, bool):

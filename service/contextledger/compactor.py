@@ -60,7 +60,12 @@ class CompactedSession(Protocol):
     def budget(self, token_budget: int | None = None) -> Budget: ...
     async def usage(self) -> Usage: ...
     async def get_token_count(self) -> int: ...
-    async def _append(self, payloads: Sequence[Payload]) -> int: ...
+
+
+class Appender(Protocol):
+    """The write path a compaction records its events through."""
+
+    async def append(self, payloads: Sequence[Payload]) -> tuple[int, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -76,9 +81,10 @@ class ManageResult:
 class Compactor:
     """Compaction decisions for one ``Session``, recorded through that session."""
 
-    def __init__(self, session: CompactedSession, state: SessionState) -> None:
+    def __init__(self, session: CompactedSession, state: SessionState, writes: Appender) -> None:
         self._s = session
         self._state = state
+        self._writes = writes
         self._compacting = False
         self._summary_task: asyncio.Task[None] | None = None
         #: the last background summary that failed (typed), ``None`` once one succeeds
@@ -248,7 +254,7 @@ class Compactor:
             - sum(present[p.ref].tokens - p.tokens for p in pruned)
         )
         payload = CompactionApplied(strategy, drop, pruned, before, after)
-        await self._s._append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
+        await self._writes.append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
         if failure is not None:
             log.info(
                 "compaction_after_summary_failure", session_id=self._s.session_id, code=failure.code
@@ -260,7 +266,7 @@ class Compactor:
         for m in self._state.config.summarizer.models:
             key = m.api_key
             if key in (None, REDACTED):
-                key = self._state.ledger._secrets.get((m.model, m.api_base))
+                key = self._state.ledger.secret(m.model, m.api_base)
             specs.append(
                 ModelSpec(
                     m.model,
@@ -349,7 +355,7 @@ class Compactor:
         payload = SummaryRecorded(
             first[0], last[0], message, tokens, audit, from_part=first[1], to_part=last[1]
         )
-        await self._s._append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
+        await self._writes.append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
         await self._s.hooks.emit(
             hk.SUMMARIZATION,
             {
@@ -443,8 +449,7 @@ class Compactor:
             first = prior.place
         task = asyncio.get_running_loop().create_task(self._summarize_range(covered, prior, first))
         self._summary_task = task
-        self._state.ledger._background.add(task)
-        task.add_done_callback(self._state.ledger._background.discard)
+        self._state.ledger.keep(task)
 
     async def _summarize_range(
         self, covered: Sequence[ViewItem], prior: ViewItem | None, first: tuple[int, int]
@@ -505,7 +510,7 @@ class Compactor:
             payload = SummaryRecorded(
                 first[0], last[0], message, tokens, audit, from_part=first[1], to_part=last[1]
             )
-            await self._s._append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
+            await self._writes.append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
             if span is not None:
                 span.set_attribute("gen_ai.compaction.tokens_after", tokens)
                 span.set_attribute("gen_ai.compaction.outcome", "applied")

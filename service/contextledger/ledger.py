@@ -118,7 +118,7 @@ class Ledger:
         self._counters: dict[tuple[str, str | None], TokenCounter] = {}
         self._warm: set[tuple[str, str | None]] = set()
         self._warm_models: set[str] = set()
-        self._remember_secrets(self.config)
+        self.remember_secrets(self.config)
         self._closed = False
         self._background: set[asyncio.Task[Any]] = set()
         #: seconds ``close()`` waits for background summaries before cancelling them
@@ -256,11 +256,23 @@ class Ledger:
             raise
         return cls(store, config=cfg, dsn=dsn, retry_appends=retry_appends)
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """``LedgerClosed`` once ``close()`` ran (every operation asks first)."""
         if self._closed:
             raise LedgerClosed("this ledger is closed")
 
-    def _remember_secrets(self, config: ContextConfig) -> None:
+    def keep(self, task: asyncio.Task[Any]) -> None:
+        """Track work a session started in the background (a summary, a recall search
+        started at a tool call): ``close()`` lets it land or cancels it."""
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def secret(self, model: str, api_base: str | None) -> str | None:
+        """The API key a config gave for ``model`` at ``api_base`` (configs are recorded
+        redacted: the keys stay in this process)."""
+        return self._secrets.get((model, api_base))
+
+    def remember_secrets(self, config: ContextConfig) -> None:
         """API keys stay in this process: the ledger records configs redacted."""
         for m in config.summarizer.models:
             if m.api_key and m.api_key != REDACTED:
@@ -269,7 +281,8 @@ class Ledger:
         if rc.embedding_model and rc.embedding_api_key and rc.embedding_api_key != REDACTED:
             self._secrets[(rc.embedding_model, rc.embedding_api_base)] = rc.embedding_api_key
 
-    def _config_from(self, stored: Mapping[str, Any]) -> ContextConfig:
+    def config_from(self, stored: Mapping[str, Any]) -> ContextConfig:
+        """The config a session recorded (``stored``), or the ledger's when it has none."""
         return ContextConfig.from_recorded(stored) if stored else self.config
 
     def counter_for(self, model: str | None, config: ContextConfig) -> TokenCounter:
@@ -309,7 +322,7 @@ class Ledger:
         metadata: Mapping[str, Any] | None = None,
     ) -> Session:
         """Open (or create) a session. A different ``config`` or ``model`` is recorded."""
-        self._check_open()
+        self.check_open()
         check_session_id(session_id)
         if model is not None:
             check_text(model, "model")
@@ -320,7 +333,7 @@ class Ledger:
         elif config is not None:
             passed = self.config.merged(config)
         if passed is not None:
-            self._remember_secrets(passed)
+            self.remember_secrets(passed)
         try:
             info = await self.store.session_info(session_id)
         except SessionErased:
@@ -337,7 +350,7 @@ class Ledger:
                 )
             except SessionExists:  # created concurrently: open it instead
                 info = await self.store.session_info(session_id)
-        stored = self._config_from(info.config)
+        stored = self.config_from(info.config)
         counter = await self.warm_counter(info.model, stored)
         session = Session(self, info, stored, counter)
         if config is not None and not isinstance(config, ContextConfig):
@@ -369,7 +382,7 @@ class Ledger:
         parent prefix; the parent goes on unaffected. ``metadata`` defaults to the
         parent's. ``SessionExists`` if ``new_id`` is taken.
         """
-        self._check_open()
+        self.check_open()
         check_session_id(source_id)
         check_session_id(new_id)
         meta = check_mapping(metadata, "metadata") if metadata is not None else None
@@ -395,7 +408,7 @@ class Ledger:
 
     async def forks(self, session_id: str) -> list[str]:
         """The ids of the sessions forked directly from ``session_id``."""
-        self._check_open()
+        self.check_open()
         return await self.store.forks(check_session_id(session_id))
 
     async def sessions(
@@ -403,7 +416,7 @@ class Ledger:
     ) -> list[SessionInfo]:
         """Sessions oldest first (creation time, then id); a page: the ``limit`` after
         ``after``, the ``(created_at, session_id)`` of the last one already shown."""
-        self._check_open()
+        self.check_open()
         wrong = isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
         if limit is not None and wrong:
             raise InvalidArgument("limit must be a positive int", field="limit")
@@ -418,13 +431,13 @@ class Ledger:
 
     async def anchor(self, session_id: str) -> Anchor:
         """The session's current (seq, hash): keep it elsewhere, pass it to ``verify``."""
-        self._check_open()
+        self.check_open()
         info = await self.store.session_info(check_session_id(session_id))
         return Anchor(info.head, info.last_hash)
 
     async def verify(self, session_id: str, *, anchor: Anchor | None = None) -> VerifyReport:
         """Walk the hash chain; with ``anchor``, also require that it still reaches it."""
-        self._check_open()
+        self.check_open()
         report = await self.store.verify(check_session_id(session_id))
         if anchor is None or not report.ok:
             return report
@@ -454,7 +467,7 @@ class Ledger:
         A session whose chain does not verify is refused (``ChainBroken``): its
         events cannot be trusted to derive a view from, unless ``force``.
         """
-        self._check_open()
+        self.check_open()
         ids = (
             [check_session_id(session_id)]
             if session_id is not None
@@ -482,7 +495,7 @@ class Ledger:
         transaction (their prefix is its content). Returns the audit records, the
         session's first. ``SessionNotEncrypted`` (use ``purge``) for a session
         written without a data key; ``SessionErased`` if it already was."""
-        self._check_open()
+        self.check_open()
         check_session_id(session_id)
         reason = check_text(reason, "reason", limit=1000).strip()
         if actor is not None:
@@ -513,7 +526,7 @@ class Ledger:
 
     async def erasures(self) -> list[Erasure]:
         """Every erasure's audit record, oldest first."""
-        self._check_open()
+        self.check_open()
         return await self.store.erasures()
 
     async def close(self) -> None:

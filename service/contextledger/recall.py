@@ -296,13 +296,19 @@ async def embed(
 
 
 class RecallingSession(Protocol):
-    """What ``with_recall`` needs of a session (a port: recall.py never imports session.py)."""
+    """What recall needs of the session it searches for (a port: recall.py never imports
+    session.py; the request path provides it)."""
 
-    session_id: str
-    counter: TokenCounter
-    hooks: HookBus
-    _store: Store
-    _ledger: LedgerHandle
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def counter(self) -> TokenCounter: ...
+    @property
+    def hooks(self) -> HookBus: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def ledger(self) -> LedgerHandle: ...
 
 
 def embedding_key(session: RecallingSession, cfg: ContextConfig) -> str | None:
@@ -312,7 +318,7 @@ def embedding_key(session: RecallingSession, cfg: ContextConfig) -> str | None:
         return rc.embedding_api_key
     if rc.embedding_model is None:
         return None
-    return session._ledger._secrets.get((rc.embedding_model, rc.embedding_api_base))
+    return session.ledger.secret(rc.embedding_model, rc.embedding_api_base)
 
 
 async def with_recall(
@@ -376,7 +382,7 @@ def search_for(
 ) -> Coroutine[Any, Any, RecallBlock]:
     """``recall_for_request`` for ``session``'s store, config and key (not announced)."""
     return recall_for_request(
-        session._store,
+        session.store,
         session.session_id,
         view=view,
         budget_tokens=room,

@@ -77,15 +77,9 @@ class RequestingSession(Protocol):
     session_id: str
     counter: TokenCounter
     hooks: HookBus
-    _store: Store  # for recall.py's RecallingSession (handles, not state)
-    _ledger: LedgerHandle
 
     @property
     def model(self) -> str | None: ...
-    @property
-    def _compactor(self) -> Compactor: ...
-    @property
-    def _writes(self) -> TailCache: ...
     def budget(self, token_budget: int | None = None, provider: Any | None = None) -> Budget: ...
 
 
@@ -135,9 +129,17 @@ class RequestPath:
     the next append slowed the turn (1.6 -> 1.7-2.0 ms at 1,000-3,000 turns, bench/turns.py).
     """
 
-    def __init__(self, session: RequestingSession, state: SessionState) -> None:
+    def __init__(
+        self,
+        session: RequestingSession,
+        state: SessionState,
+        compactor: Compactor,
+        writes: TailCache,
+    ) -> None:
         self._s = session
         self._state = state
+        self._compactor = compactor
+        self._writes = writes
         #: the planner (O(budget) items), the raw budget it was built for, and the head
         #: whose events it has consumed
         self.planner: RequestPlanner | None = None
@@ -157,6 +159,33 @@ class RequestPath:
         #: requests that used a speculation, and that searched afresh after one
         self.speculation_hits = 0
         self.speculation_misses = 0
+
+    # -- what recall needs (``recall.RecallingSession``): this path stands for its session
+
+    @property
+    def session_id(self) -> str:
+        """The session's id."""
+        return self._state.session_id
+
+    @property
+    def counter(self) -> TokenCounter:
+        """The session's token counter (a settings change may replace it)."""
+        return self._s.counter
+
+    @property
+    def hooks(self) -> HookBus:
+        """The session's hook bus (recall announces its block there)."""
+        return self._s.hooks
+
+    @property
+    def store(self) -> Store:
+        """The store the session reads and searches."""
+        return self._state.store
+
+    @property
+    def ledger(self) -> LedgerHandle:
+        """The ledger that opened the session (its in-process keys)."""
+        return self._state.ledger
 
     # -- kept in step by the write path's appends ------------------------------------------
 
@@ -189,7 +218,6 @@ class RequestPath:
         """Start the next request's recall search now (see the class docstring): at most
         one per session in flight, registered with the ledger (whose close waits for it);
         nothing here may fail the append that triggered it."""
-        s = self._s
         cfg = self._state.config
         room = self._room
         if not room or not self._state.store.concurrent_search or cfg.recall.engine == "hybrid":
@@ -209,10 +237,8 @@ class RequestPath:
         except Exception as exc:  # (CompactionError: the request will say so)
             log.debug("recall_speculation_skipped", error=type(exc).__name__)
             return
-        task = asyncio.ensure_future(search_for(s, items, room, cfg, self._state.head))
-        background = self._state.ledger._background
-        background.add(task)
-        task.add_done_callback(background.discard)
+        task = asyncio.ensure_future(search_for(self, items, room, cfg, self._state.head))
+        self._state.ledger.keep(task)
         task.add_done_callback(_retrieved)
         self._spec = _Speculation(task, tuple(items[: end + 1]), anchor, room, cfg)
 
@@ -253,8 +279,7 @@ class RequestPath:
         try:
             return await asyncio.shield(speculated)
         except Exception:
-            s = self._s
-            return await search_for(s, items, room, self._state.config, self._state.head)
+            return await search_for(self, items, room, self._state.config, self._state.head)
 
     async def close(self, wait_seconds: float) -> None:
         """Wait for a speculation in flight (a search of about a millisecond), at most
@@ -279,7 +304,7 @@ class RequestPath:
     async def build(self, token_budget: int | None, provider: Any | None) -> list[dict[str, Any]]:
         """``Session.get_messages_for_request`` for a provider object (or none)."""
         s = self._s
-        self._state.ledger._check_open()
+        self._state.ledger.check_open()
         budget = s.budget(token_budget, provider).available
         if token_budget is not None:
             self.token_budget = token_budget
@@ -300,7 +325,7 @@ class RequestPath:
         if planner.passes != self._seen_passes:
             await self._announce_pass(planner, items)
         self._seen_passes = planner.passes
-        s._compactor.summarize_in_background(planner)
+        self._compactor.summarize_in_background(planner)
         self.request_seq = self._planned
         # 3. recall what the view left out, just before the latest turn, and 4. finish for
         # the provider: the search's statement goes out first, and the view is finished
@@ -313,7 +338,7 @@ class RequestPath:
         if at is None or not splice_safe(items, at) or (extra and asks(items)):
             self._drop_speculation()
             sent = await with_recall(
-                s, items, recall_room, cfg, upto_seq=self._state.head, branch=None, extra=extra
+                self, items, recall_room, cfg, upto_seq=self._state.head, branch=None, extra=extra
             )
             return finish_request_view(
                 sent, target_model=model, cache=self._finished, sized_for=len(items)
@@ -321,11 +346,11 @@ class RequestPath:
         speculated = self._speculated(items, recall_room, cfg)
         if speculated is not None:
             search = asyncio.ensure_future(
-                announced(s, self._answer(speculated, items, recall_room))
+                announced(self, self._answer(speculated, items, recall_room))
             )
         else:
             search = asyncio.ensure_future(
-                recall_block(s, items, recall_room, cfg, upto_seq=self._state.head, branch=None)
+                recall_block(self, items, recall_room, cfg, upto_seq=self._state.head, branch=None)
             )
             await asyncio.sleep(0)  # the search runs up to its first wait: the statement is sent
         try:
@@ -388,11 +413,11 @@ class RequestPath:
                 planner.push(message_item(event.seq, payload))
             elif not isinstance(payload, CheckpointCreated):
                 self.view_changed()
-                s._writes.forget_tail()
+                self._writes.forget_tail()
                 return None
             self._planned = event.seq
             self._state.advance(event.seq, event.hash)
-        s._writes.forget_tail()
+        self._writes.forget_tail()
         return planner
 
     async def _load_planner(self, budget: int, recall_room: int) -> RequestPlanner:
@@ -412,7 +437,7 @@ class RequestPath:
         self._planned = tail.head
         self._state.advance(tail.head)  # no hash read: the pin stays an older, valid one
         self._seen_passes = planner.passes
-        s._writes.forget_tail()
+        self._writes.forget_tail()
         return planner
 
     # -- replaying one -----------------------------------------------------------------
@@ -423,7 +448,7 @@ class RequestPath:
         """``Session.request_at``: the request built right after ``seq`` (``state``)."""
         s = self._s
         config = (
-            self._state.ledger._config_from(state.config) if state.config else self._state.config
+            self._state.ledger.config_from(state.config) if state.config else self._state.config
         )
         if token_budget is None and provider is None:
             token_budget = self.token_budget
@@ -448,6 +473,6 @@ class RequestPath:
         if extra and not leaves_out(sum(i.tokens for i in state.view), items):
             extra = 0
         view = await with_recall(
-            s, items, recall_room, config, upto_seq=seq, branch=branch, extra=extra
+            self, items, recall_room, config, upto_seq=seq, branch=branch, extra=extra
         )
         return finish_request_view(view, target_model=target_model(provider, s.model))

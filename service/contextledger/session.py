@@ -71,9 +71,10 @@ class Session:
         #: Called as ``on_fallback(from_model, to_model, error)`` when a summarizer model fails.
         self.on_fallback: FallbackCallback | None = None
         self._budget = SessionBudget(self, self._state)
-        self._compactor = Compactor(self, self._state)
         self._writes = WritePath(self, self._state)
-        self._requests = RequestPath(self, self._state)
+        self._compactor = Compactor(self, self._state, self._writes)
+        self._requests = RequestPath(self, self._state, self._compactor, self._writes)
+        self._writes.follow(self._requests)
 
     def __repr__(self) -> str:
         return f"<Session {self.session_id!r} head={self._state.head} store={self._store.kind}>"
@@ -189,7 +190,7 @@ class Session:
         ``idempotency_key`` / ``expected_seq`` cover them all) and the original is
         recorded beside each converted message (``data.original``).
         """
-        self._ledger._check_open()
+        self._ledger.check_open()
         original: dict[str, Any] | None = None
         if isinstance(message, Mapping) and shape_of(message) != "openai":
             original = copy_json(dict(message), "message")
@@ -317,7 +318,7 @@ class Session:
         self._state.ephemeral.clear()
         seq = await self._append([event], expected_seq=expected_seq)
         await self.refresh()  # the model and settings in force at the target come back too
-        self._state.config = self._ledger._config_from(self._state.info.config)
+        self._state.config = self._ledger.config_from(self._state.info.config)
         self.counter = await self._ledger.warm_counter(self._state.info.model, self._state.config)
         return seq
 
@@ -348,8 +349,8 @@ class Session:
         new_config = config or self._state.config
         counter = await self._ledger.warm_counter(model or self.model, new_config)
         if config is not None:
-            self._ledger._remember_secrets(config)
-        payloads = await settings_change(self, config, model, counter)
+            self._ledger.remember_secrets(config)
+        payloads = await settings_change(self, self._state.store, config, model, counter)
         if not payloads:
             return self._state.head
         seq = await self._append(payloads)
@@ -381,7 +382,7 @@ class Session:
 
     async def view_items(self) -> tuple[ViewItem, ...]:
         """The working view as items (refs, tokens, kinds), ephemeral ones merged in."""
-        self._ledger._check_open()
+        self._ledger.check_open()
         items = await self._store.read_view(self.session_id)
         if not self._state.ephemeral:
             return items
@@ -393,7 +394,7 @@ class Session:
 
     async def get_messages(self) -> list[dict[str, Any]]:
         """The current branch's messages in order: no compaction, no summaries."""
-        self._ledger._check_open()
+        self._ledger.check_open()
         branch = await self._store.read_branch(self.session_id)
         if not self._state.ephemeral:
             return branch
@@ -448,7 +449,7 @@ class Session:
 
     def events(self, from_seq: int = 1, to_seq: int | None = None) -> AsyncIterator[Event]:
         """The session's events in seq order (an async iterator; pages under the hood)."""
-        self._ledger._check_open()
+        self._ledger.check_open()
         check_seq(from_seq, "from_seq")
         check_seq(to_seq, "to_seq")
         return self._store.read_events(self.session_id, from_seq, to_seq)

@@ -22,7 +22,6 @@ class ChangingSession(Protocol):
 
     session_id: str
     counter: TokenCounter
-    _store: Store
 
     @property
     def model(self) -> str | None: ...
@@ -30,6 +29,7 @@ class ChangingSession(Protocol):
 
 async def settings_change(
     session: ChangingSession,
+    store: Store,
     config: ContextConfig | None,
     model: str | None,
     counter: TokenCounter,
@@ -40,7 +40,7 @@ async def settings_change(
     if config is not None:
         payloads.append(ConfigChanged(config.to_dict()))
     if model is not None or counter.name != session.counter.name:  # recount once
-        items = await session._store.read_view(session.session_id)
+        items = await store.read_view(session.session_id)
         recount = tuple((i.ref, checked_tokens(counter.count_message(i.message))) for i in items)
         payloads.append(ModelChanged(model or session.model, counter.name, recount))
     return payloads
