@@ -261,22 +261,21 @@ class Sealer:
 
     def seal(self, seq: int, type_: str, data: Mapping[str, Any]) -> dict[str, Any]:
         """``data`` with its content fields sealed (the form stored and hashed)."""
-        out = dict(data)
-        for name in SEALED_FIELDS.get(type_, ()):
-            value = out.get(name)
-            if value is None:
-                continue
-            if isinstance(value, Sequence) and not isinstance(value, str | Mapping):
-                out[name] = [
-                    self._seal_message(v, self._aad(seq, type_, f"{name}[{n}]"))
-                    for n, v in enumerate(value)
-                ]
-            else:
-                out[name] = self._seal_message(value, self._aad(seq, type_, name))
-        return out
+        return self._fields(seq, type_, data, self._seal_message)
 
     def open(self, seq: int, type_: str, data: Mapping[str, Any]) -> dict[str, Any]:
         """The inverse of ``seal``: ``data`` as the caller wrote it."""
+        return self._fields(seq, type_, data, self._open_message)
+
+    def _fields(
+        self,
+        seq: int,
+        type_: str,
+        data: Mapping[str, Any],
+        each: Callable[[Any, bytes], Any],
+    ) -> dict[str, Any]:
+        """``data`` with ``each`` applied to its content fields (each element of a list
+        field on its own), each bound to its place by the associated data."""
         out = dict(data)
         for name in SEALED_FIELDS.get(type_, ()):
             value = out.get(name)
@@ -284,11 +283,10 @@ class Sealer:
                 continue
             if isinstance(value, Sequence) and not isinstance(value, str | Mapping):
                 out[name] = [
-                    self._open_message(v, self._aad(seq, type_, f"{name}[{n}]"))
-                    for n, v in enumerate(value)
+                    each(v, self._aad(seq, type_, f"{name}[{n}]")) for n, v in enumerate(value)
                 ]
             else:
-                out[name] = self._open_message(value, self._aad(seq, type_, name))
+                out[name] = each(value, self._aad(seq, type_, name))
         return out
 
     def open_message(self, seq: int, message: Any, *, part: int | None = None) -> Any:

@@ -59,6 +59,7 @@ from contextledger.store.postgres.statements import (
     _event,
     _item,
     _stored,
+    view_rows_of,
 )
 
 
@@ -472,20 +473,7 @@ class Appends(Lineages):
             await conn.executemany(
                 f"INSERT INTO {S}.view_items (session_id, gen, ord, seq, part, kind, message,"
                 " tokens, critical) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)",
-                [
-                    (
-                        session_id,
-                        gen,
-                        i.ord,
-                        i.ref[0],
-                        i.ref[1],
-                        i.kind,
-                        dumps(dict(i.message)),
-                        i.tokens,
-                        i.critical,
-                    )
-                    for i in items
-                ],
+                view_rows_of(session_id, gen, items),
             )
 
     # -- reads ------------------------------------------------------------------------

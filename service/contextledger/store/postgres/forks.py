@@ -37,6 +37,7 @@ from contextledger.store.postgres.statements import (
     _erased,
     _event,
     _item,
+    view_rows_of,
 )
 from contextledger.store.postgres.tips import ChainTips
 from contextledger.store.sealing import Sealer, is_sealed_message
@@ -249,32 +250,9 @@ class Lineages(ChainTips):
                     prev, model, config = events[-1].hash, state.model, dict(state.config)
                     gen, view_base = 1, parent_seq
                     branch_base, tokens, count = parent_seq, state.view_tokens, len(state.view)
-                    view_rows = [
-                        (
-                            session_id,
-                            gen,
-                            i.ord,
-                            i.ref[0],
-                            i.ref[1],
-                            i.kind,
-                            dumps(dict(i.message)),
-                            i.tokens,
-                            i.critical,
-                        )
-                        for i in state.view
-                    ]
+                    view_rows = view_rows_of(session_id, gen, state.view)
                     branch_rows = [(session_id, i.ord, i.ref[0], i.ref[1]) for i in state.branch]
-                if self._keyring is not None:
-                    sealer, kid, wrapped = self._keyring.new_key(
-                        tenant=self._tenant, session_id=session_id
-                    )
-                    await conn.execute(
-                        f"INSERT INTO {S}.session_keys (session_id, kek_id, wrapped_dek)"
-                        " VALUES ($1, $2, $3)",
-                        session_id,
-                        kid,
-                        wrapped,
-                    )
+                sealer = await self._new_key(conn, session_id)
                 payload = SessionForked(parent_id, parent_seq, prev, dict(metadata))
                 event = make_event(session_id, parent_seq + 1, payload, prev, created_at=created_at)
                 await conn.execute(

@@ -6,6 +6,7 @@ The search's SQL is in ``search.py``, the embeddings' in ``vectors.py``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -198,6 +199,25 @@ def _item(row: asyncpg.Record, sealer: Sealer | None = None) -> ViewItem:
         critical=row[6],
         kind=row[3],
     )
+
+
+def view_rows_of(session_id: str, gen: int, items: Sequence[ViewItem]) -> list[tuple[Any, ...]]:
+    """``view_items`` rows of ``items`` under generation ``gen`` (the message in clear:
+    a derived copy, deleted by an erasure)."""
+    return [
+        (
+            session_id,
+            gen,
+            i.ord,
+            i.ref[0],
+            i.ref[1],
+            i.kind,
+            dumps(dict(i.message)),
+            i.tokens,
+            i.critical,
+        )
+        for i in items
+    ]
 
 
 def _opened(seq: int, message: Any, sealer: Sealer | None) -> Any:

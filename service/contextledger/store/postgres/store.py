@@ -248,18 +248,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         sealer: Sealer | None = None
         try:
             async with self._pool.acquire() as conn, conn.transaction():
-                if self._keyring is not None:
-                    sealer, kid, wrapped = self._keyring.new_key(
-                        tenant=self._tenant, session_id=session_id
-                    )
-                    # a taken id fails on the key's primary key as on the session's
-                    await conn.execute(
-                        f"INSERT INTO {S}.session_keys (session_id, kek_id, wrapped_dek)"
-                        " VALUES ($1, $2, $3)",
-                        session_id,
-                        kid,
-                        wrapped,
-                    )
+                sealer = await self._new_key(conn, session_id)
                 await conn.execute(
                     f"INSERT INTO {S}.sessions (session_id, created_at, model, config, metadata,"
                     " head, last_hash) VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, 1, $6)",

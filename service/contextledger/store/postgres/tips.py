@@ -90,6 +90,21 @@ class ChainTips(Connections):
         sealer = await self._sealer(session_id)
         return sealer.seal if sealer is not None else None
 
+    async def _new_key(self, conn: asyncpg.Connection, session_id: str) -> Sealer | None:
+        """With a KEK configured, a data key for a new session (a fork too), its wrapped
+        form stored in the caller's transaction (a taken id fails on the key's primary
+        key as on the session's); None without a KEK."""
+        if self._keyring is None:
+            return None
+        sealer, kid, wrapped = self._keyring.new_key(tenant=self._tenant, session_id=session_id)
+        await conn.execute(
+            f"INSERT INTO {S}.session_keys (session_id, kek_id, wrapped_dek) VALUES ($1, $2, $3)",
+            session_id,
+            kid,
+            wrapped,
+        )
+        return sealer
+
     async def _sealer(
         self,
         session_id: str,
