@@ -5,7 +5,9 @@ its cost should not grow with the parent's length. Measured, interleaved in roun
 drift affects every size alike:
 
 1. ``Ledger.fork`` (the new session opened too) and ``store.fork_session`` alone, at
-   the parent's head, per parent length;
+   the parent's head, per parent length; and ``store.fork_session`` of a parent
+   compacted to ``COMPACTED_BUDGET`` tokens, whose materialized view rows the fork takes
+   (copied inside the server: O(view), bounded by the budget, not the history);
 2. the raw asyncpg floor of that write: one row and one event row inserted in one
    transaction into plain tables (same columns), on one connection;
 3. what a copy would cost instead: ``INSERT ... SELECT`` of the parent's event rows
@@ -37,6 +39,10 @@ from _pg import embedded_server, install_sigterm_handler, scratch_database
 from contextledger import Ledger
 from contextledger.appends import utc_now
 from results import write
+
+#: The budget the compacted parents are truncated to: their materialized view (~500 rows
+#: at length) is what a fork at their head copies (server-side, ``INSERT ... SELECT``).
+COMPACTED_BUDGET = 20_000
 
 
 def progress(msg: str) -> None:
@@ -97,6 +103,12 @@ async def run(dsn: str, quick: bool) -> dict[str, Any]:
             for n in sizes:
                 progress(f"filling a parent of {n} message events")
                 await fill(ledger, f"parent-{n}", n)
+                # and one compacted to a budget: its view is materialized (up to
+                # COMPACTED_BUDGET tokens of rows), which a fork at its head takes
+                await fill(ledger, f"compacted-{n}", n)
+                c = await ledger.session(f"compacted-{n}", create=False)
+                await c.compact("truncate", token_budget=COMPACTED_BUDGET)
+                figures.setdefault("compacted_view_rows", {})[n] = len(await c.view_items())
             samples: dict[str, list[float]] = {}
             created = utc_now()
             for r in range(rounds):  # interleaved: every size sees the same drift
@@ -109,6 +121,15 @@ async def run(dsn: str, quick: bool) -> dict[str, Any]:
                         await timed(
                             lambda p=parent, r=r, n=n: store.fork_session(
                                 f"{p}-s{r}", p, n + 1, created_at=created, metadata={}
+                            )
+                        )
+                    )
+                    comp = f"compacted-{n}"
+                    top = (await store.session_info(comp)).head
+                    samples.setdefault(f"store.fork_session, compacted parent@{n}", []).append(
+                        await timed(
+                            lambda c=comp, r=r, t=top: store.fork_session(
+                                f"{c}-s{r}", c, t, created_at=created, metadata={}
                             )
                         )
                     )
@@ -207,6 +228,7 @@ def report(figures: dict[str, Any]) -> None:
         print(f"| {key} | {v['p50_ms']} | {v['p95_ms']} |")
     print("\nratios:", figures["ratios"])
     print("event rows stored for a fork of the longest parent:", figures["event_rows_of_a_fork"])
+    print("view rows of the compacted parents:", figures.get("compacted_view_rows"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,6 +103,11 @@ CROSS_SESSION: dict[tuple[str, str], str] = {
         "SELECT session_id FROM contextledger.sessions WHERE parent_session_id = $1",
     ): "forks(): a session's direct forks (the parent column's index), for the operator and "
     "erase's cascade; a fork may live on another shard; never on the hot path",
+    (
+        "contextledger.store.postgres.forks",
+        "SELECT session_id FROM contextledger.sessions WHERE parent_session_id = ANY(",
+    ): "descendants(): the forks of forks an erasure takes with it, a level a statement by the "
+    "parent column's index; a fork may live on another shard; erasures only",
 }
 
 

@@ -59,7 +59,7 @@ from contextledger.store.postgres.statements import (
     _event,
     _item,
     _stored,
-    view_rows_of,
+    insert_view,
 )
 
 
@@ -462,18 +462,7 @@ class Appends(Lineages):
         await conn.execute(
             f"DELETE FROM {S}.view_items WHERE session_id = $1 AND gen = $2", session_id, gen
         )
-        await Appends._insert_view(conn, session_id, gen + 1, new)
+        await insert_view(conn, session_id, gen + 1, new)
         return gen + 1, head
-
-    @staticmethod
-    async def _insert_view(
-        conn: asyncpg.Connection, session_id: str, gen: int, items: Sequence[ViewItem]
-    ) -> None:
-        if items:
-            await conn.executemany(
-                f"INSERT INTO {S}.view_items (session_id, gen, ord, seq, part, kind, message,"
-                " tokens, critical) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)",
-                view_rows_of(session_id, gen, items),
-            )
 
     # -- reads ------------------------------------------------------------------------

@@ -220,6 +220,18 @@ def view_rows_of(session_id: str, gen: int, items: Sequence[ViewItem]) -> list[t
     ]
 
 
+async def insert_view(
+    conn: asyncpg.Connection, session_id: str, gen: int, items: Sequence[ViewItem]
+) -> None:
+    """Materialize ``items`` as the session's view rows of generation ``gen``."""
+    if items:
+        await conn.executemany(
+            f"INSERT INTO {S}.view_items (session_id, gen, ord, seq, part, kind, message,"
+            " tokens, critical) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9)",
+            view_rows_of(session_id, gen, items),
+        )
+
+
 def _opened(seq: int, message: Any, sealer: Sealer | None) -> Any:
     """A message read by SQL from a ``message.appended`` event, opened if sealed."""
     if sealer is not None and is_sealed_message(message):

@@ -57,6 +57,7 @@ from contextledger.store.postgres.statements import (
     _info,
     _item,
     _not_sealed,
+    insert_view,
 )
 from contextledger.store.postgres.tips import _ClosedGate
 from contextledger.store.postgres.vectors import Vectors
@@ -398,7 +399,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
                     f"DELETE FROM {S}.branch_items WHERE session_id = $1", session_id
                 )
                 gen = row[2] + 1
-                await self._insert_view(conn, session_id, gen, expected.view)
+                await insert_view(conn, session_id, gen, expected.view)
                 await conn.executemany(
                     f"INSERT INTO {S}.branch_items (session_id, ord, seq, part)"
                     " VALUES ($1, $2, $3, $4)",
