@@ -149,6 +149,25 @@ class Erasure:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    """One recall search (``Store.search_messages``): candidates are the
+    ``message.appended`` events of the branch (the current one, or the seqs in ``branch``
+    when a replay passes the branch as of its seq) up to ``upto_seq``, minus ``exclude``
+    (what the request already carries); ``limit`` matches at most, the query's lexemes
+    by ``text_config``."""
+
+    session_id: str
+    query: str
+    exclude: Collection[int]
+    upto_seq: int
+    branch: Collection[int] | None
+    limit: int
+    text_config: str
+    head: int | None = None
+    hop: bool = False
+
+
 class Store(abc.ABC):
     """Persistence for sessions, their events and the inline projection."""
 
@@ -254,27 +273,6 @@ class Store(abc.ABC):
     #: the seqs in ``branch`` when a replay passes the branch as of its seq) up to
     #: ``upto_seq``, minus ``exclude`` (what the request already carries).
 
-    async def search(
-        self,
-        session_id: str,
-        query: str,
-        *,
-        exclude: Collection[int],
-        upto_seq: int,
-        branch: Collection[int] | None,
-        limit: int,
-        text_config: str,
-        head: int | None = None,
-        hop: bool = False,
-    ) -> list[tuple[int, float]]:
-        """``(seq, score)`` of the best lexical matches for ``query``, best first, ties
-        by seq (newest first). A store without search recalls nothing. ``head``: the seq
-        of the request the search is for, when it is later than ``upto_seq`` (a search
-        taken at the request's question); a live search, so the store may know it is
-        unchanged since it last searched. ``hop``: a second hop follows the matches
-        (``lexical.hop_lexemes``); what it finds comes after them with negated scores."""
-        return []
-
     async def search_messages(
         self,
         session_id: str,
@@ -288,28 +286,42 @@ class Store(abc.ABC):
         head: int | None = None,
         hop: bool = False,
     ) -> tuple[list[tuple[int, float]], list[Recalled]]:
-        """``search`` and the matched messages (``recall_messages`` of its seqs): what a
-        request's recall reads, which a store may answer in one round trip."""
-        found = await self.search(
-            session_id,
-            query,
-            exclude=exclude,
-            upto_seq=upto_seq,
-            branch=branch,
-            limit=limit,
-            text_config=text_config,
-            head=head,
-            hop=hop,
+        """``(seq, score)`` of the best lexical matches for ``query``, best first, ties
+        by seq (newest first), and the matched messages with their neighbours (what a
+        request's recall reads, which a store may answer in one round trip). ``head``:
+        the seq of the request the search is for, when it is later than ``upto_seq`` (a
+        search taken at the request's question); a live search, so the store may know
+        it is unchanged since it last searched. ``hop``: a second hop follows the
+        matches (``lexical.hop_lexemes``); what it finds comes after them with negated
+        scores. A store implements ``find`` (or only ``matches``)."""
+        return await self.find(
+            SearchQuery(session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop)
         )
+
+    async def search(self, session_id: str, query: str, **options: Any) -> list[tuple[int, float]]:
+        """The matches of ``search_messages`` alone (same arguments)."""
+        return (await self.search_messages(session_id, query, **options))[0]
+
+    async def find(self, q: SearchQuery) -> tuple[list[tuple[int, float]], list[Recalled]]:
+        """``search_messages``'s answer: ``matches`` and, read by ``recall_messages``, their
+        messages and the neighbours of the best (``lexical.neighbours``)."""
+        found = await self.matches(q)
         if not found:
             return found, []
         from contextledger.store.lexical import neighbours
 
         seqs = [seq for seq, _ in found]
-        near = neighbours([seq for seq, score in found if score > 0], upto_seq, exclude)
+        near = neighbours([seq for seq, score in found if score > 0], q.upto_seq, q.exclude)
         near = [n for n in near if n not in set(seqs)]
-        read = await self.recall_messages(session_id, seqs + near, upto_seq=upto_seq, branch=branch)
+        read = await self.recall_messages(
+            q.session_id, seqs + near, upto_seq=q.upto_seq, branch=q.branch
+        )
         return found, read
+
+    async def matches(self, q: SearchQuery) -> list[tuple[int, float]]:
+        """The lexical matches of ``q`` (see ``search_messages``). A store without search
+        recalls nothing."""
+        return []
 
     async def vectors_available(self) -> bool:
         """Whether this store keeps embeddings (PostgreSQL with the ``vector`` extension)."""

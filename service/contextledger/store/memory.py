@@ -49,6 +49,7 @@ from contextledger.store.base import (
     Checkpoint,
     Erasure,
     RebuildReport,
+    SearchQuery,
     SessionInfo,
     Store,
 )
@@ -523,27 +524,15 @@ class MemoryStore(Store):
     def _allowed(self, stream: _Stream, branch: Collection[int] | None) -> Collection[int]:
         return set(branch) if branch is not None else stream.on_branch()
 
-    async def search(
-        self,
-        session_id: str,
-        query: str,
-        *,
-        exclude: Collection[int],
-        upto_seq: int,
-        branch: Collection[int] | None,
-        limit: int,
-        text_config: str,
-        head: int | None = None,
-        hop: bool = False,
-    ) -> list[tuple[int, float]]:
+    async def matches(self, q: SearchQuery) -> list[tuple[int, float]]:
         """PostgreSQL's search, the same rules (``lexical``): each query lexeme's newest
         ``PER_TERM`` postings below what the request carries, BM25."""
         from contextledger.store import lexical
 
-        stream = self._get(session_id)
-        index = stream.indexed(text_config, upto_seq)
-        allowed, skip = self._allowed(stream, branch), set(exclude)
-        top = lexical.read_from(upto_seq, skip)
+        stream = self._get(q.session_id)
+        index = stream.indexed(q.text_config, q.upto_seq)
+        allowed, skip = self._allowed(stream, q.branch), set(q.exclude)
+        top = lexical.read_from(q.upto_seq, skip)
 
         def keep(seq: int) -> bool:
             return seq in allowed and seq not in skip
@@ -553,7 +542,7 @@ class MemoryStore(Store):
 
             def read(term: str, n: int) -> list[tuple[int, int, int]]:
                 seqs = index.newest(term, top, keep, n)
-                return [(q, index.counts[q][term], index.lengths[q]) for q in seqs]
+                return [(at, index.counts[at][term], index.lengths[at]) for at in seqs]
 
             for term in terms:
                 rows = read(term, lexical.PER_TERM)
@@ -562,11 +551,11 @@ class MemoryStore(Store):
             if not specific:
                 for term in lexical.deep_terms(postings, top):
                     postings[term] = read(term, lexical.DEEP_LIMIT)
-            return lexical.rank(postings, top=top, total=upto_seq, limit=n)
+            return lexical.rank(postings, top=top, total=q.upto_seq, limit=n)
 
-        terms = lexical.query_lexemes(index.lex(query))
-        found = ranked(terms, limit)
-        if not hop or not found:
+        terms = lexical.query_lexemes(index.lex(q.query))
+        found = ranked(terms, q.limit)
+        if not q.hop or not found:
             return found
         # the second hop finds other messages than the matches and their neighbours
         skip.update(seq for seq, _ in found)

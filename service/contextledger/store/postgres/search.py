@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from functools import lru_cache
 from operator import attrgetter
 from typing import Any
@@ -16,6 +17,7 @@ from contextledger.core.recall import Recalled
 from contextledger.errors import (
     InvalidArgument,
 )
+from contextledger.store.base import SearchQuery
 from contextledger.store.errors import translated
 from contextledger.store.lexical import (
     DEEP_LIMIT,
@@ -397,104 +399,50 @@ def search_statement(
 
 
 class Search(Lineages):
-    """The recall search (``search``, ``search_messages``) on the search pool."""
+    """The recall search (``Store.search_messages``: ``find``) on the search pool."""
 
     @translated
-    async def search(
-        self,
-        session_id: str,
-        query: str,
-        *,
-        exclude: Collection[int],
-        upto_seq: int,
-        branch: Collection[int] | None,
-        limit: int,
-        text_config: str,
-        head: int | None = None,
-        hop: bool = False,
-    ) -> list[tuple[int, float]]:
-        # The statement of ``search_messages`` (what requests use): the messages it reads
-        # by key for the top matches are dropped here.
-        rows = await self._search_lineage(
-            session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
-        )
-        return [(r[0], float(r[1])) for r in rows if r[1] != 0]  # not the neighbours
-
-    @translated
-    async def search_messages(
-        self,
-        session_id: str,
-        query: str,
-        *,
-        exclude: Collection[int],
-        upto_seq: int,
-        branch: Collection[int] | None,
-        limit: int,
-        text_config: str,
-        head: int | None = None,
-        hop: bool = False,
-    ) -> tuple[list[tuple[int, float]], list[Recalled]]:
-        rows = await self._search_lineage(
-            session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
-        )
+    async def find(self, q: SearchQuery) -> tuple[list[tuple[int, float]], list[Recalled]]:
+        """One statement: the matches, with their messages and their neighbours' read by
+        key (``_SEARCH``)."""
+        rows = await self._search_lineage(q)
         found = [(r[0], float(r[1])) for r in rows if r[1] != 0]  # the rest: neighbours
         recalled = [Recalled(r[0], json.loads(r[2]), r[3], r[4]) for r in rows]
         return found, sorted(recalled, key=attrgetter("seq"))
 
-    async def _search_lineage(
-        self,
-        session_id: str,
-        query: str,
-        exclude: Collection[int],
-        upto_seq: int,
-        branch: Collection[int] | None,
-        limit: int,
-        text_config: str,
-        head: int | None,
-        hop: bool = False,
-    ) -> list[Any]:
+    async def _search_lineage(self, q: SearchQuery) -> list[Any]:
         """``_search``; a fork's searches each session of its lineage (by that session's
         id, the branch given as a replay's is), best first across them."""
-        lineage = await self._lineage(session_id)
+        lineage = await self._lineage(q.session_id)
         if not lineage:
-            return await self._search(
-                session_id, query, exclude, upto_seq, branch, limit, text_config, head, hop
-            )
+            return await self._search(q)
         on = (
-            set(branch) if branch is not None else await self._fork_branch_seqs(session_id, lineage)
+            set(q.branch)
+            if q.branch is not None
+            else await self._fork_branch_seqs(q.session_id, lineage)
         )
         found: list[Any] = []
-        for owner, lo, hi in segments(session_id, lineage, 1, upto_seq):
-            part = {q for q in on if lo <= q <= hi}
+        for owner, lo, hi in segments(q.session_id, lineage, 1, q.upto_seq):
+            part = {at for at in on if lo <= at <= hi}
             if part:
                 found.extend(
                     await self._search(
-                        owner, query, exclude, hi, part, limit, text_config, None, hop
+                        replace(q, session_id=owner, upto_seq=hi, branch=part, head=None)
                     )
                 )
-        matches = sorted((r for r in found if r[1] > 0), key=lambda r: (-r[1], -r[0]))[:limit]
+        matches = sorted((r for r in found if r[1] > 0), key=lambda r: (-r[1], -r[0]))[: q.limit]
         hopped = sorted((r for r in found if r[1] < 0), key=lambda r: (r[1], -r[0]))[:HOP_LIMIT]
         neighbours = [r for r in found if r[1] == 0]
         return [*matches, *hopped, *neighbours]
 
-    async def _search(
-        self,
-        session_id: str,
-        query: str,
-        exclude: Collection[int],
-        upto_seq: int,
-        branch: Collection[int] | None,
-        limit: int,
-        text_config: str,
-        head: int | None,
-        hop: bool = False,
-    ) -> list[asyncpg.Record]:
+    async def _search(self, q: SearchQuery) -> list[asyncpg.Record]:
         """The search's rows, best first: (seq, rank, message JSON, tokens, created_at);
         a second hop's after them with negated ranks, then neighbours with rank 0.
         A sealed session is not searched: its postings would be lexemes of ciphertext."""
+        session_id, upto_seq, branch, head = q.session_id, q.upto_seq, q.branch, q.head
         if await self._sealer(session_id) is not None:
             return []
-        gaps = gate_gaps(upto_seq, exclude)
+        gaps = gate_gaps(upto_seq, q.exclude)
         closed = self._closed.get(session_id) if branch is None else None
         start = self._heads.get(session_id)
         # the request's seq: the head the caller knows (its search may be anchored before)
@@ -519,7 +467,7 @@ class Search(Lineages):
             # searches.
             return []
         text, args = search_statement(
-            query, exclude, upto_seq, branch, limit, text_config, gaps, hop=hop
+            q.query, q.exclude, upto_seq, branch, q.limit, q.text_config, gaps, hop=q.hop
         )
         args[0] = session_id
 
@@ -527,7 +475,15 @@ class Search(Lineages):
             if store:
                 return text
             return search_statement(
-                query, exclude, upto_seq, branch, limit, text_config, gaps, store=False, hop=hop
+                q.query,
+                q.exclude,
+                upto_seq,
+                branch,
+                q.limit,
+                q.text_config,
+                gaps,
+                store=False,
+                hop=q.hop,
             )[0]
 
         async def attempt() -> list[asyncpg.Record]:
