@@ -511,3 +511,64 @@ async def test_pg_dump_holds_no_marker_of_an_erased_prefix_in_its_forks(
         await ledger.erase("p-audited", reason="audit")
         dump = await asyncio.to_thread(_dump, postgresql.info.dbname)
         assert "CANARY8F" not in dump
+
+
+async def _lock_waiters(watch: asyncpg.Connection, wanted: int) -> None:
+    """Until ``wanted`` backends of this database wait on a lock (each poll is its own
+    transaction, so it sees pg_stat_activity afresh)."""
+    for _ in range(3000):
+        n = await watch.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        if n >= wanted:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never saw {wanted} backends waiting on a lock")
+
+
+async def test_a_fork_made_while_its_parent_is_erased_goes_with_it(pg_dsn: str) -> None:
+    """A fork of a fork being created (its transaction open, its parent's row held FOR
+    SHARE) while another process erases the root: the erasure must see it when it
+    commits, not list the forks before it does and leave it standing on a destroyed
+    key with the root's content in its rows. The fork's transaction is held open by a
+    third connection's uncommitted row under the fork's key id."""
+    async with (
+        Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as here,
+        Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as there,
+    ):
+        root = await _write_markers(here, "race", "RACEMRK")
+        await root.compact("truncate", token_budget=200)
+        await root.fork("race-f")
+        blocker = await asyncpg.connect(pg_dsn)
+        watch = await asyncpg.connect(pg_dsn)
+        try:
+            hold = blocker.transaction()
+            await hold.start()
+            await blocker.execute(
+                "INSERT INTO contextledger.session_keys (session_id, tenant_id, kek_id,"
+                " wrapped_dek, destroyed_at) VALUES ('race-f-f', 'local', 'held', NULL, now())"
+            )
+            forking = asyncio.ensure_future(here.fork("race-f", "race-f-f"))
+            await _lock_waiters(watch, 1)  # the fork waits, holding race-f FOR SHARE
+            erasing = asyncio.ensure_future(there.erase("race", reason="asked"))
+            await _lock_waiters(watch, 2)  # the erasure waits on race-f
+            await hold.rollback()
+            forked, receipts = await asyncio.gather(forking, erasing, return_exceptions=True)
+        finally:
+            await blocker.close()
+        try:
+            assert not isinstance(receipts, BaseException), receipts
+            assert [r.session_id for r in receipts] == ["race", "race-f", "race-f-f"]
+            # the fork landed first (then it was erased), or found its parent erased
+            assert not isinstance(forked, BaseException) or isinstance(forked, SessionErased)
+            erased = {e.session_id for e in await there.erasures()}
+            assert erased == {"race", "race-f", "race-f-f"}
+            with pytest.raises(SessionErased):
+                await there.session("race-f-f", create=False)
+            left = await watch.fetchval(
+                "SELECT count(*) FROM contextledger.view_items WHERE session_id LIKE 'race%'"
+            )
+            assert left == 0
+        finally:
+            await watch.close()

@@ -94,13 +94,18 @@ class Lineages(ChainTips):
 
     async def descendants(self, session_id: str, conn: asyncpg.Connection) -> list[str]:
         """The forks standing on ``session_id``, theirs, and so on, nearest first (by the
-        index on the parent column, a level a statement): what an erasure takes with it."""
+        index on the parent column, a level a statement): what an erasure takes with it.
+
+        Each level is locked ``FOR UPDATE`` as it is read, before the next is: a fork
+        being made of one of them holds its parent ``FOR SHARE``, so the next level's
+        read waits for it to commit and sees it (read unlocked, a fork of a fork made
+        meanwhile was missed and stood on a destroyed key with the prefix in its rows)."""
         found: list[str] = []
         level = [session_id]
         while level:
             rows = await conn.fetch(
                 f"SELECT session_id FROM {S}.sessions WHERE parent_session_id = ANY($1::text[])"
-                " ORDER BY session_id",
+                " ORDER BY session_id FOR UPDATE",
                 level,
             )
             level = [r[0] for r in rows]
