@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from contextledger import InvalidArgument, Ledger, SessionNotFound
+from contextledger import InvalidArgument, Ledger, SessionExists, SessionNotFound
 from contextledger.errors import KeyUnavailable, SessionErased, SessionNotEncrypted
 from contextledger.store.sealing import KeyRing
 from tests.integration.conftest import PG_HOST, PG_PORT, dsn_for
@@ -572,3 +572,20 @@ async def test_a_fork_made_while_its_parent_is_erased_goes_with_it(pg_dsn: str) 
             assert left == 0
         finally:
             await watch.close()
+
+
+async def test_a_fork_never_takes_an_erased_id(sealed: Ledger) -> None:
+    """An erased id stays its erasure's: a fork may not be made under it (as a new
+    session may not), and the erased chain stays what verify walks."""
+    gone = await sealed.session("gone")
+    await gone.add_message({"role": "user", "content": "x"})
+    await sealed.erase("gone", reason="asked")
+    src = await sealed.session("src")
+    await src.add_message({"role": "user", "content": "y"})
+    with pytest.raises(SessionExists):
+        await src.fork("gone")
+    with pytest.raises(SessionErased):
+        await sealed.session("gone", create=False)
+    assert [i.session_id for i in await sealed.sessions()].count("gone") == 1
+    assert await sealed.forks("src") == []
+    assert (await sealed.verify("gone")).ok
