@@ -82,6 +82,51 @@ async def test_an_unsealed_session_is_listed_not_erased(pg_dsn: str) -> None:
         assert await ledger.store.purges() == []  # type: ignore[attr-defined]
 
 
+async def fork(ledger: Ledger, parent: str, session_id: str, days_ago: float) -> None:
+    """A fork of ``parent`` at its head, its own last event ``days_ago`` old."""
+    at = NOW - timedelta(days=days_ago)
+    head = (await ledger.store.session_info(parent)).head
+    await ledger.store.fork_session(session_id, parent, head, created_at=at, metadata={})
+    message = MessageAppended({"role": "user", "content": f"content of {session_id}"}, 5)
+    await ledger.store.append(session_id, [message], created_at=at)
+
+
+async def test_a_fork_in_use_keeps_what_it_stands_on(sealed: Ledger) -> None:
+    """A session is idle when it and the forks standing on it are: erasing or purging
+    an idle parent would take a fork in use with it (an erasure's cascade), or be
+    refused while the fork stands (a purge), and stop the whole run."""
+    await seed(sealed, "root", 40)
+    await fork(sealed, "root", "root-live", 1)
+    await seed(sealed, "gone", 40)
+    await fork(sealed, "gone", "gone-f", 35)
+    await fork(sealed, "gone-f", "gone-f-f", 33)
+
+    erase = RetentionPolicy(erase_after_days=30)
+    assert [(a.session_id, a.action) for a in await plan(sealed, erase)] == [
+        ("gone-f-f", "erase"),
+        ("gone-f", "erase"),
+        ("gone", "erase"),
+    ]
+    purge = RetentionPolicy(purge_after_days=30)
+    done = await apply(sealed, purge)
+    assert [(a.session_id, a.action, a.done) for a in done] == [
+        ("gone-f-f", "purge", True),  # the forks first: a purge is refused under them
+        ("gone-f", "purge", True),
+        ("gone", "purge", True),
+    ]
+    assert [i.session_id for i in await sealed.sessions()] == ["root", "root-live"]
+    assert await sealed.erasures() == []
+    live = await sealed.session("root-live", create=False)
+    assert [m["content"] for m in await live.get_messages()] == [
+        "content of root",
+        "content of root-live",
+    ]
+    # a month on, both idle: the fork goes before what it stands on
+    later = await apply(sealed, RetentionPolicy(purge_after_days=30), now=NOW + timedelta(days=40))
+    assert [a.session_id for a in later] == ["root-live", "root"]
+    assert await sealed.sessions() == []
+
+
 CLI = str(Path(sys.executable).with_name("contextledger"))
 
 
