@@ -589,3 +589,37 @@ async def test_a_fork_never_takes_an_erased_id(sealed: Ledger) -> None:
     assert [i.session_id for i in await sealed.sessions()].count("gone") == 1
     assert await sealed.forks("src") == []
     assert (await sealed.verify("gone")).ok
+
+
+async def test_pg_dump_holds_nothing_of_an_erased_lineage(pg_dsn: str, postgresql: Any) -> None:
+    """The auditor's test across a lineage: forks at the head and at an earlier seq of a
+    compacted and rolled-back root, a fork of a fork with its own compaction and rows,
+    each with content of its own; erasing the root leaves no marker of any of them in a
+    dump, and a fork of another session stays readable."""
+    async with Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as ledger:
+        root = await _write_markers(ledger, "lin", "CANARY3R")
+        await root.compact("truncate", token_budget=200)
+        await root.rollback("before-summary")
+        early = await root.fork("lin-early", at=3)  # folded and materialized for it
+        await early.add_message({"role": "user", "content": "early CANARY3R-early"})
+        head = await root.fork("lin-head")
+        await head.add_message({"role": "assistant", "content": "head CANARY3R-head " * 40})
+        await head.add_message({"role": "user", "content": "short"})
+        await head.compact("truncate", token_budget=300)  # its own view rows
+        grand = await head.fork("lin-head-f")
+        await grand.add_message({"role": "user", "content": "grand CANARY3R-grand"})
+        await grand.rollback(head.head)
+        for s in (root, early, head, grand):
+            await s.get_messages_for_request()
+        other = await ledger.session("unrelated")
+        await other.add_message({"role": "user", "content": "KEEPMRK"})
+        kept = await other.fork("unrelated-f")
+        dump = await asyncio.to_thread(_dump, postgresql.info.dbname)
+        assert "CANARY3R" in dump  # materialized view rows hold it while the sessions live
+        receipts = await ledger.erase("lin", reason="audit")
+        assert {r.session_id for r in receipts} == {"lin", "lin-early", "lin-head", "lin-head-f"}
+        dump = await asyncio.to_thread(_dump, postgresql.info.dbname)
+        assert "CANARY3R" not in dump
+        for sid in ("lin", "lin-early", "lin-head", "lin-head-f"):
+            assert (await ledger.verify(sid)).ok
+        assert await kept.get_messages() == [{"role": "user", "content": "KEEPMRK"}]
