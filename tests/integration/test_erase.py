@@ -623,3 +623,35 @@ async def test_pg_dump_holds_nothing_of_an_erased_lineage(pg_dsn: str, postgresq
         for sid in ("lin", "lin-early", "lin-head", "lin-head-f"):
             assert (await ledger.verify(sid)).ok
         assert await kept.get_messages() == [{"role": "user", "content": "KEEPMRK"}]
+
+
+async def test_another_process_erasing_a_root_stops_reads_of_its_warm_forks(
+    pg_dsn: str,
+) -> None:
+    """This process has a fork (and its fork) open, its request path warm and its keys
+    cached; another erases the root: nothing of the forks opens here any more."""
+    async with (
+        Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as here,
+        Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as there,
+    ):
+        root = await here.session("warm")
+        await root.add_message({"role": "user", "content": "root says"})
+        fork = await root.fork("warm-f")
+        await fork.add_message({"role": "user", "content": "fork says"})
+        grand = await fork.fork("warm-f-f", at=2)  # stands on the root
+        for s in (fork, grand):
+            assert (await s.get_messages())[0] == {"role": "user", "content": "root says"}
+            await s.get_messages_for_request()
+        receipts = await there.erase("warm", reason="asked elsewhere")
+        assert {r.session_id for r in receipts} == {"warm", "warm-f", "warm-f-f"}
+        for s in (fork, grand):
+            with pytest.raises(SessionErased):
+                await s.get_messages()
+            with pytest.raises(SessionErased):
+                await s.get_messages_for_request()
+            with pytest.raises(SessionErased):
+                await s.add_message({"role": "user", "content": "after"})
+            with pytest.raises(SessionErased):
+                [e async for e in s.events()]
+        with pytest.raises(SessionErased):
+            await here.fork("warm-f", "warm-late")
