@@ -103,6 +103,16 @@ CROSS_SESSION: dict[tuple[str, str], str] = {
         "SELECT session_id FROM contextledger.sessions WHERE parent_session_id = $1",
     ): "forks(): a session's direct forks (the parent column's index), for the operator and "
     "erase's cascade; a fork may live on another shard; never on the hot path",
+    (
+        "contextledger.store.postgres.forks",
+        "SELECT session_id FROM contextledger.sessions WHERE parent_session_id = ANY($1::text[])",
+    ): "descendants(): erase's cascade, a level of forks a statement (each then locked by its "
+    "id); forks may live on other shards; erasures only",
+    (
+        "contextledger.store.postgres.store",
+        "SELECT tenant_id FROM contextledger.sessions WHERE tenant_id <>",
+    ): "other_tenant(): retention's check that its connection sees one tenant only (LIMIT 1); "
+    "an operator's command, once per run",
 }
 
 

@@ -156,6 +156,7 @@ async def plan(
     is refused while they stand. Among sessions idle alike, a fork comes before what
     it stands on (a purge goes leaf first)."""
     now = now or datetime.now(UTC)
+    await _one_tenant(ledger)
     infos: dict[str, SessionInfo] = {}
     last: dict[str, datetime] = {}
     after: tuple[datetime, str] | None = None
@@ -188,6 +189,24 @@ async def plan(
         if verdict is not None:
             out.append(RetentionAction(sid, verdict[0], idle, at, verdict[1]))
     return sorted(out, key=lambda a: (a.last_activity, -depth[a.session_id], a.session_id))
+
+
+async def _one_tenant(ledger: Ledger) -> None:
+    """``ConfigError`` when the ledger's connections see another tenant's sessions (a
+    superuser's or the tables' owner's: row-level security does not hold them). The
+    policy is one tenant's; run on such a connection it listed every tenant's sessions
+    and erased or purged them all under it."""
+    other = getattr(ledger.store, "other_tenant", None)
+    seen = await other() if other is not None else None
+    if seen is not None:
+        raise ConfigError(
+            f"this connection sees other tenants' sessions too (tenant {seen!r}): its role "
+            "is a superuser or owns the tables, so row-level security does not keep "
+            "tenants apart and the policy would act on every tenant's sessions. Apply it "
+            "per tenant as the service role: contextledger --dsn <DSN as "
+            "contextledger_service> --tenant TENANT retention apply ...",
+            key="tenant",
+        )
 
 
 def _depth(session_id: str, infos: Mapping[str, SessionInfo]) -> int:

@@ -202,3 +202,64 @@ async def test_the_service_applies_policies_on_a_schedule(
     async with Ledger.open(pg_dsn) as ledger:
         (erasure,) = await ledger.erasures()  # every pass since found nothing more to do
         assert erasure.session_id == "stale" and erasure.actor == "retention"
+
+
+def test_retention_on_a_connection_that_sees_every_tenant_is_refused(pg_dsn: str) -> None:
+    """The command run as a superuser (or the tables' owner) without a tenant: row-level
+    security does not hold that role, so it listed every tenant's sessions and purged
+    them under the `local` policy (two tenants' `s` at once, audited as `local`'s).
+    Refused with the way to do it; per tenant, as the service role, it acts on one."""
+    import asyncio
+
+    from contextledger.store.dsn import asyncpg_dsn, with_user
+
+    service = with_user(asyncpg_dsn(pg_dsn), "contextledger_service")
+
+    async def go() -> None:
+        for tenant in ("alpha", "local"):
+            async with Ledger.open(service, tenant=tenant, keyring=KeyRing(KEK)) as ledger:
+                await seed(ledger, "s", 40)
+
+    asyncio.run(go())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTLEDGER_")}
+    env["COLUMNS"] = "200"
+
+    def run(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [CLI, "--dsn", dsn, *args, "retention", "apply", "--purge-after-days", "30"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+
+    refused = run(pg_dsn)
+    assert refused.returncode == 2 and "[INVALID_CONFIG]" in refused.stderr
+    assert "'alpha'" in refused.stderr and "--tenant" in refused.stderr
+    dry = subprocess.run(
+        [CLI, "--dsn", pg_dsn, "retention", "apply", "--purge-after-days", "30", "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert dry.returncode == 2  # a dry run would list other tenants' sessions as this one's
+
+    async def sessions() -> list[tuple[str, str]]:
+        import asyncpg
+
+        conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+        try:
+            rows = await conn.fetch(
+                "SELECT tenant_id, session_id FROM contextledger.sessions ORDER BY 1"
+            )
+            return [(r[0], r[1]) for r in rows]
+        finally:
+            await conn.close()
+
+    assert asyncio.run(sessions()) == [("alpha", "s"), ("local", "s")]  # nothing purged
+    one = run(service, "--tenant", "alpha")
+    assert one.returncode == 0, one.stderr
+    assert asyncio.run(sessions()) == [("local", "s")]

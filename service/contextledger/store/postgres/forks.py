@@ -96,19 +96,24 @@ class Lineages(ChainTips):
         """The forks standing on ``session_id``, theirs, and so on, nearest first (by the
         index on the parent column, a level a statement): what an erasure takes with it.
 
-        Each level is locked ``FOR UPDATE`` as it is read, before the next is: a fork
-        being made of one of them holds its parent ``FOR SHARE``, so the next level's
-        read waits for it to commit and sees it (read unlocked, a fork of a fork made
-        meanwhile was missed and stood on a destroyed key with the prefix in its rows)."""
+        Each fork found is locked ``FOR UPDATE`` (by its id: one shard on Citus) before
+        the next level is read: a fork being made of it holds it ``FOR SHARE``, so the
+        lock waits for that fork to commit and the next read sees it (read unlocked, a
+        fork of a fork made meanwhile was missed, left standing on a destroyed key with
+        the prefix in its rows)."""
         found: list[str] = []
         level = [session_id]
         while level:
             rows = await conn.fetch(
                 f"SELECT session_id FROM {S}.sessions WHERE parent_session_id = ANY($1::text[])"
-                " ORDER BY session_id FOR UPDATE",
+                " ORDER BY session_id",
                 level,
             )
             level = [r[0] for r in rows]
+            for fork in level:
+                await conn.execute(
+                    f"SELECT 1 FROM {S}.sessions WHERE session_id = $1 FOR UPDATE", fork
+                )
             found.extend(level)
         return found
 
