@@ -57,6 +57,8 @@ async def test_fork_over_http(svc: Running) -> None:
         ({"session_id": "s4", "at": "never"}, 404, "CHECKPOINT_NOT_FOUND"),
         ({"session_id": "s4", "at": 99}, 422, "INVALID_ARGUMENT"),
         ({"session_id": "s4", "at": -1}, 422, "INVALID_ARGUMENT"),
+        ({"session_id": "s4", "at": True}, 422, None),  # not seq 1
+        ({"session_id": "s4", "at": 2.0}, 422, None),
         ({"session_id": "a/b"}, 422, None),
         ({"session_id": "s4", "copy": True}, 422, None),
         ({"session_id": "s4", "metadata": "x"}, 422, None),
