@@ -105,9 +105,14 @@ CROSS_SESSION: dict[tuple[str, str], str] = {
     "erase's cascade; a fork may live on another shard; never on the hot path",
     (
         "contextledger.store.postgres.forks",
-        "SELECT session_id FROM contextledger.sessions WHERE parent_session_id = ANY(",
-    ): "descendants(): the forks of forks an erasure takes with it, a level a statement by the "
-    "parent column's index; a fork may live on another shard; erasures only",
+        "SELECT session_id FROM contextledger.sessions WHERE parent_session_id = ANY($1::text[])",
+    ): "descendants(): erase's cascade, a level of forks a statement (each then locked by its "
+    "id); forks may live on other shards; erasures only",
+    (
+        "contextledger.store.postgres.store",
+        "SELECT tenant_id FROM contextledger.sessions WHERE tenant_id <>",
+    ): "other_tenant(): retention's check that its connection sees one tenant only (LIMIT 1); "
+    "an operator's command, once per run",
 }
 
 

@@ -21,6 +21,7 @@ from contextledger.errors import ConfigError, SessionErased, SessionNotFound
 
 if TYPE_CHECKING:
     from contextledger.ledger import Ledger
+    from contextledger.store.base import SessionInfo
 
 #: A century: beyond it a value is a typo, not a policy.
 MAX_DAYS = 36_500
@@ -148,29 +149,74 @@ def decide(
 async def plan(
     ledger: Ledger, policy: RetentionPolicy, *, now: datetime | None = None
 ) -> list[RetentionAction]:
-    """The dry run: every session the policy would act on, longest idle first."""
+    """The dry run: every session the policy would act on, longest idle first.
+
+    A session with forks is as idle as the least idle of them (and of theirs): its
+    content is their prefix, an erasure of it takes them with it, and a purge of it
+    is refused while they stand. Among sessions idle alike, a fork comes before what
+    it stands on (a purge goes leaf first)."""
     now = now or datetime.now(UTC)
-    out: list[RetentionAction] = []
+    await _one_tenant(ledger)
+    infos: dict[str, SessionInfo] = {}
+    last: dict[str, datetime] = {}
     after: tuple[datetime, str] | None = None
     while True:
         page = await ledger.store.list_sessions(after=after, limit=500)
         for info in page:
             try:
-                last = [e async for e in ledger.store.stored_events(info.session_id, info.head)]
+                tail = [e async for e in ledger.store.stored_events(info.session_id, info.head)]
             except SessionNotFound:
                 continue  # purged meanwhile
-            if not last:
-                continue
-            at = last[-1].created_at
-            idle = (now - at).total_seconds() / 86_400
-            verdict = decide(
-                policy, idle_days=idle, erased=info.erased_at is not None, sealed=info.sealed
-            )
-            if verdict is not None:
-                out.append(RetentionAction(info.session_id, verdict[0], idle, at, verdict[1]))
+            if tail:
+                infos[info.session_id] = info
+                last[info.session_id] = tail[-1].created_at
         if len(page) < 500:
-            return sorted(out, key=lambda a: (a.last_activity, a.session_id))
+            break
         after = (page[-1].created_at, page[-1].session_id)
+    depth = {sid: _depth(sid, infos) for sid in infos}
+    used = dict(last)  # a session's last activity, its forks' included
+    for sid in sorted(infos, key=lambda s: -depth[s]):  # the deepest forks first
+        parent = infos[sid].parent
+        if parent is not None and parent[0] in used:
+            used[parent[0]] = max(used[parent[0]], used[sid])
+    out: list[RetentionAction] = []
+    for sid, info in infos.items():
+        at = used[sid]
+        idle = (now - at).total_seconds() / 86_400
+        verdict = decide(
+            policy, idle_days=idle, erased=info.erased_at is not None, sealed=info.sealed
+        )
+        if verdict is not None:
+            out.append(RetentionAction(sid, verdict[0], idle, at, verdict[1]))
+    return sorted(out, key=lambda a: (a.last_activity, -depth[a.session_id], a.session_id))
+
+
+async def _one_tenant(ledger: Ledger) -> None:
+    """``ConfigError`` when the ledger's connections see another tenant's sessions (a
+    superuser's or the tables' owner's: row-level security does not hold them). The
+    policy is one tenant's; run on such a connection it listed every tenant's sessions
+    and erased or purged them all under it."""
+    other = getattr(ledger.store, "other_tenant", None)
+    seen = await other() if other is not None else None
+    if seen is not None:
+        raise ConfigError(
+            f"this connection sees other tenants' sessions too (tenant {seen!r}): its role "
+            "is a superuser or owns the tables, so row-level security does not keep "
+            "tenants apart and the policy would act on every tenant's sessions. Apply it "
+            "per tenant as the service role: contextledger --dsn <DSN as "
+            "contextledger_service> --tenant TENANT retention apply ...",
+            key="tenant",
+        )
+
+
+def _depth(session_id: str, infos: Mapping[str, SessionInfo]) -> int:
+    """How many forks down ``session_id`` stands (0: no fork, or its parent not listed)."""
+    n = 0
+    parent = infos[session_id].parent
+    while parent is not None and parent[0] in infos:
+        n += 1
+        parent = infos[parent[0]].parent
+    return n
 
 
 async def apply(

@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from contextledger import InvalidArgument, Ledger, SessionNotFound
+from contextledger import InvalidArgument, Ledger, SessionExists, SessionNotFound
 from contextledger.errors import KeyUnavailable, SessionErased, SessionNotEncrypted
 from contextledger.store.sealing import KeyRing
 from tests.integration.conftest import PG_HOST, PG_PORT, dsn_for
@@ -511,3 +511,147 @@ async def test_pg_dump_holds_no_marker_of_an_erased_prefix_in_its_forks(
         await ledger.erase("p-audited", reason="audit")
         dump = await asyncio.to_thread(_dump, postgresql.info.dbname)
         assert "CANARY8F" not in dump
+
+
+async def _lock_waiters(watch: asyncpg.Connection, wanted: int) -> None:
+    """Until ``wanted`` backends of this database wait on a lock (each poll is its own
+    transaction, so it sees pg_stat_activity afresh)."""
+    for _ in range(3000):
+        n = await watch.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        if n >= wanted:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never saw {wanted} backends waiting on a lock")
+
+
+async def test_a_fork_made_while_its_parent_is_erased_goes_with_it(pg_dsn: str) -> None:
+    """A fork of a fork being created (its transaction open, its parent's row held FOR
+    SHARE) while another process erases the root: the erasure must see it when it
+    commits, not list the forks before it does and leave it standing on a destroyed
+    key with the root's content in its rows. The fork's transaction is held open by a
+    third connection's uncommitted row under the fork's key id."""
+    async with (
+        Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as here,
+        Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as there,
+    ):
+        root = await _write_markers(here, "race", "RACEMRK")
+        await root.compact("truncate", token_budget=200)
+        await root.fork("race-f")
+        blocker = await asyncpg.connect(pg_dsn)
+        watch = await asyncpg.connect(pg_dsn)
+        try:
+            hold = blocker.transaction()
+            await hold.start()
+            await blocker.execute(
+                "INSERT INTO contextledger.session_keys (session_id, tenant_id, kek_id,"
+                " wrapped_dek, destroyed_at) VALUES ('race-f-f', 'local', 'held', NULL, now())"
+            )
+            forking = asyncio.ensure_future(here.fork("race-f", "race-f-f"))
+            await _lock_waiters(watch, 1)  # the fork waits, holding race-f FOR SHARE
+            erasing = asyncio.ensure_future(there.erase("race", reason="asked"))
+            await _lock_waiters(watch, 2)  # the erasure waits on race-f
+            await hold.rollback()
+            forked, receipts = await asyncio.gather(forking, erasing, return_exceptions=True)
+        finally:
+            await blocker.close()
+        try:
+            assert not isinstance(receipts, BaseException), receipts
+            assert [r.session_id for r in receipts] == ["race", "race-f", "race-f-f"]
+            # the fork landed first (then it was erased), or found its parent erased
+            assert not isinstance(forked, BaseException) or isinstance(forked, SessionErased)
+            erased = {e.session_id for e in await there.erasures()}
+            assert erased == {"race", "race-f", "race-f-f"}
+            with pytest.raises(SessionErased):
+                await there.session("race-f-f", create=False)
+            left = await watch.fetchval(
+                "SELECT count(*) FROM contextledger.view_items WHERE session_id LIKE 'race%'"
+            )
+            assert left == 0
+        finally:
+            await watch.close()
+
+
+async def test_a_fork_never_takes_an_erased_id(sealed: Ledger) -> None:
+    """An erased id stays its erasure's: a fork may not be made under it (as a new
+    session may not), and the erased chain stays what verify walks."""
+    gone = await sealed.session("gone")
+    await gone.add_message({"role": "user", "content": "x"})
+    await sealed.erase("gone", reason="asked")
+    src = await sealed.session("src")
+    await src.add_message({"role": "user", "content": "y"})
+    with pytest.raises(SessionExists):
+        await src.fork("gone")
+    with pytest.raises(SessionErased):
+        await sealed.session("gone", create=False)
+    assert [i.session_id for i in await sealed.sessions()].count("gone") == 1
+    assert await sealed.forks("src") == []
+    assert (await sealed.verify("gone")).ok
+
+
+async def test_pg_dump_holds_nothing_of_an_erased_lineage(pg_dsn: str, postgresql: Any) -> None:
+    """The auditor's test across a lineage: forks at the head and at an earlier seq of a
+    compacted and rolled-back root, a fork of a fork with its own compaction and rows,
+    each with content of its own; erasing the root leaves no marker of any of them in a
+    dump, and a fork of another session stays readable."""
+    async with Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as ledger:
+        root = await _write_markers(ledger, "lin", "CANARY3R")
+        await root.compact("truncate", token_budget=200)
+        await root.rollback("before-summary")
+        early = await root.fork("lin-early", at=3)  # folded and materialized for it
+        await early.add_message({"role": "user", "content": "early CANARY3R-early"})
+        head = await root.fork("lin-head")
+        await head.add_message({"role": "assistant", "content": "head CANARY3R-head " * 40})
+        await head.add_message({"role": "user", "content": "short"})
+        await head.compact("truncate", token_budget=300)  # its own view rows
+        grand = await head.fork("lin-head-f")
+        await grand.add_message({"role": "user", "content": "grand CANARY3R-grand"})
+        await grand.rollback(head.head)
+        for s in (root, early, head, grand):
+            await s.get_messages_for_request()
+        other = await ledger.session("unrelated")
+        await other.add_message({"role": "user", "content": "KEEPMRK"})
+        kept = await other.fork("unrelated-f")
+        dump = await asyncio.to_thread(_dump, postgresql.info.dbname)
+        assert "CANARY3R" in dump  # materialized view rows hold it while the sessions live
+        receipts = await ledger.erase("lin", reason="audit")
+        assert {r.session_id for r in receipts} == {"lin", "lin-early", "lin-head", "lin-head-f"}
+        dump = await asyncio.to_thread(_dump, postgresql.info.dbname)
+        assert "CANARY3R" not in dump
+        for sid in ("lin", "lin-early", "lin-head", "lin-head-f"):
+            assert (await ledger.verify(sid)).ok
+        assert await kept.get_messages() == [{"role": "user", "content": "KEEPMRK"}]
+
+
+async def test_another_process_erasing_a_root_stops_reads_of_its_warm_forks(
+    pg_dsn: str,
+) -> None:
+    """This process has a fork (and its fork) open, its request path warm and its keys
+    cached; another erases the root: nothing of the forks opens here any more."""
+    async with (
+        Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as here,
+        Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as there,
+    ):
+        root = await here.session("warm")
+        await root.add_message({"role": "user", "content": "root says"})
+        fork = await root.fork("warm-f")
+        await fork.add_message({"role": "user", "content": "fork says"})
+        grand = await fork.fork("warm-f-f", at=2)  # stands on the root
+        for s in (fork, grand):
+            assert (await s.get_messages())[0] == {"role": "user", "content": "root says"}
+            await s.get_messages_for_request()
+        receipts = await there.erase("warm", reason="asked elsewhere")
+        assert {r.session_id for r in receipts} == {"warm", "warm-f", "warm-f-f"}
+        for s in (fork, grand):
+            with pytest.raises(SessionErased):
+                await s.get_messages()
+            with pytest.raises(SessionErased):
+                await s.get_messages_for_request()
+            with pytest.raises(SessionErased):
+                await s.add_message({"role": "user", "content": "after"})
+            with pytest.raises(SessionErased):
+                [e async for e in s.events()]
+        with pytest.raises(SessionErased):
+            await here.fork("warm-f", "warm-late")

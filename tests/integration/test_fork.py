@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
+import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +26,8 @@ from contextledger import (
 from contextledger.core.events import SessionForked
 from contextledger.core.projection import fold
 from contextledger.store.dsn import asyncpg_dsn
+from contextledger.store.sealing import KeyRing
+from tests.integration.conftest import dsn_for
 from tests.integration.test_projection_property import op
 from tests.integration.test_recall import FACT, QUESTION, chatter, recall_blocks
 
@@ -330,3 +334,48 @@ async def test_migration_0012_downgrades_only_without_forks(pg_dsn: str) -> None
     async with Ledger.open(pg_dsn) as ledger:
         again = await ledger.fork("m", "m-fork-2")
         assert again.parent == ("m", 3) and (await again.verify()).ok
+
+
+@pytest_asyncio.fixture(params=["postgres", "memory"])
+async def sealed(request: pytest.FixtureRequest) -> AsyncIterator[Ledger]:
+    """Both stores with a key-encryption key: every session sealed under its own key."""
+    dsn = "memory://"
+    if request.param == "postgres":
+        dsn = dsn_for(request.getfixturevalue("postgresql"))
+    async with Ledger.open(dsn, keyring=KeyRing(bytes(range(32)))) as led:
+        yield led
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    before=st.lists(op, max_size=10),
+    at=st.floats(0, 1),
+    fork_after=st.lists(op, max_size=6),
+    again=st.floats(0, 1),
+    grand_after=st.lists(op, max_size=4),
+)
+async def test_a_sealed_lineage_reads_as_its_events_fold(
+    sealed: Ledger,
+    before: list[Any],
+    at: float,
+    fork_after: list[Any],
+    again: float,
+    grand_after: list[Any],
+) -> None:
+    """Sealed: each part of a lineage opened with its owner's key, whatever the ops (a
+    replacement's parts, summaries, rollbacks) and wherever the forks stand."""
+    n = next(_ids)
+    parent = await sealed.session(f"sealed-{n}")
+    await apply_ops(parent, before)
+    seq = 1 + int(at * (parent.head - 1))
+    fork = await parent.fork(f"sealed-{n}-f", seq)
+    assert rows(await fork.view_items()) == rows(fold((await events_of(parent))[:seq]).view)
+    await apply_ops(fork, fork_after)
+    grand = await fork.fork(f"sealed-{n}-f-f", 1 + int(again * (fork.head - 1)))
+    await apply_ops(grand, grand_after)
+    for s in (parent, fork, grand):
+        await check(sealed, s)

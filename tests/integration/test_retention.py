@@ -82,6 +82,51 @@ async def test_an_unsealed_session_is_listed_not_erased(pg_dsn: str) -> None:
         assert await ledger.store.purges() == []  # type: ignore[attr-defined]
 
 
+async def fork(ledger: Ledger, parent: str, session_id: str, days_ago: float) -> None:
+    """A fork of ``parent`` at its head, its own last event ``days_ago`` old."""
+    at = NOW - timedelta(days=days_ago)
+    head = (await ledger.store.session_info(parent)).head
+    await ledger.store.fork_session(session_id, parent, head, created_at=at, metadata={})
+    message = MessageAppended({"role": "user", "content": f"content of {session_id}"}, 5)
+    await ledger.store.append(session_id, [message], created_at=at)
+
+
+async def test_a_fork_in_use_keeps_what_it_stands_on(sealed: Ledger) -> None:
+    """A session is idle when it and the forks standing on it are: erasing or purging
+    an idle parent would take a fork in use with it (an erasure's cascade), or be
+    refused while the fork stands (a purge), and stop the whole run."""
+    await seed(sealed, "root", 40)
+    await fork(sealed, "root", "root-live", 1)
+    await seed(sealed, "gone", 40)
+    await fork(sealed, "gone", "gone-f", 35)
+    await fork(sealed, "gone-f", "gone-f-f", 33)
+
+    erase = RetentionPolicy(erase_after_days=30)
+    assert [(a.session_id, a.action) for a in await plan(sealed, erase)] == [
+        ("gone-f-f", "erase"),
+        ("gone-f", "erase"),
+        ("gone", "erase"),
+    ]
+    purge = RetentionPolicy(purge_after_days=30)
+    done = await apply(sealed, purge)
+    assert [(a.session_id, a.action, a.done) for a in done] == [
+        ("gone-f-f", "purge", True),  # the forks first: a purge is refused under them
+        ("gone-f", "purge", True),
+        ("gone", "purge", True),
+    ]
+    assert [i.session_id for i in await sealed.sessions()] == ["root", "root-live"]
+    assert await sealed.erasures() == []
+    live = await sealed.session("root-live", create=False)
+    assert [m["content"] for m in await live.get_messages()] == [
+        "content of root",
+        "content of root-live",
+    ]
+    # a month on, both idle: the fork goes before what it stands on
+    later = await apply(sealed, RetentionPolicy(purge_after_days=30), now=NOW + timedelta(days=40))
+    assert [a.session_id for a in later] == ["root-live", "root"]
+    assert await sealed.sessions() == []
+
+
 CLI = str(Path(sys.executable).with_name("contextledger"))
 
 
@@ -157,3 +202,64 @@ async def test_the_service_applies_policies_on_a_schedule(
     async with Ledger.open(pg_dsn) as ledger:
         (erasure,) = await ledger.erasures()  # every pass since found nothing more to do
         assert erasure.session_id == "stale" and erasure.actor == "retention"
+
+
+def test_retention_on_a_connection_that_sees_every_tenant_is_refused(pg_dsn: str) -> None:
+    """The command run as a superuser (or the tables' owner) without a tenant: row-level
+    security does not hold that role, so it listed every tenant's sessions and purged
+    them under the `local` policy (two tenants' `s` at once, audited as `local`'s).
+    Refused with the way to do it; per tenant, as the service role, it acts on one."""
+    import asyncio
+
+    from contextledger.store.dsn import asyncpg_dsn, with_user
+
+    service = with_user(asyncpg_dsn(pg_dsn), "contextledger_service")
+
+    async def go() -> None:
+        for tenant in ("alpha", "local"):
+            async with Ledger.open(service, tenant=tenant, keyring=KeyRing(KEK)) as ledger:
+                await seed(ledger, "s", 40)
+
+    asyncio.run(go())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTLEDGER_")}
+    env["COLUMNS"] = "200"
+
+    def run(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [CLI, "--dsn", dsn, *args, "retention", "apply", "--purge-after-days", "30"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+
+    refused = run(pg_dsn)
+    assert refused.returncode == 2 and "[INVALID_CONFIG]" in refused.stderr
+    assert "'alpha'" in refused.stderr and "--tenant" in refused.stderr
+    dry = subprocess.run(
+        [CLI, "--dsn", pg_dsn, "retention", "apply", "--purge-after-days", "30", "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert dry.returncode == 2  # a dry run would list other tenants' sessions as this one's
+
+    async def sessions() -> list[tuple[str, str]]:
+        import asyncpg
+
+        conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+        try:
+            rows = await conn.fetch(
+                "SELECT tenant_id, session_id FROM contextledger.sessions ORDER BY 1"
+            )
+            return [(r[0], r[1]) for r in rows]
+        finally:
+            await conn.close()
+
+    assert asyncio.run(sessions()) == [("alpha", "s"), ("local", "s")]  # nothing purged
+    one = run(service, "--tenant", "alpha")
+    assert one.returncode == 0, one.stderr
+    assert asyncio.run(sessions()) == [("local", "s")]

@@ -158,6 +158,10 @@ async def test_checkpoint_rollback_replay_verify_compact_purge(svc: Running) -> 
     assert 0 < len(small["messages"]) < len(view)
     nope = await c.post("/v1/sessions/s/rollback", json={"to": "never"})
     assert nope.status_code == 404 and nope.json()["code"] == "CHECKPOINT_NOT_FOUND"
+    for bad in (True, False, 3.0):  # not seq 1, 0 or 3: refused, nothing written
+        refused = await c.post("/v1/sessions/s/rollback", json={"to": bad})
+        assert refused.status_code == 422, (bad, refused.text)
+    assert (await c.get("/v1/sessions/s")).json()["head"] == 10
     saved = (await c.post("/v1/sessions/s/compact", json={"token_budget": 150})).json()
     assert saved["tokens_saved"] > 0
     assert (await c.get("/v1/sessions/s/verify")).json() | {"events": 0} == {

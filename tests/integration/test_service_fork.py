@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import pytest_asyncio
 
 from contextledger.http.settings import Settings
@@ -55,6 +57,8 @@ async def test_fork_over_http(svc: Running) -> None:
         ({"session_id": "s4", "at": "never"}, 404, "CHECKPOINT_NOT_FOUND"),
         ({"session_id": "s4", "at": 99}, 422, "INVALID_ARGUMENT"),
         ({"session_id": "s4", "at": -1}, 422, "INVALID_ARGUMENT"),
+        ({"session_id": "s4", "at": True}, 422, None),  # not seq 1
+        ({"session_id": "s4", "at": 2.0}, 422, None),
         ({"session_id": "a/b"}, 422, None),
         ({"session_id": "s4", "copy": True}, 422, None),
         ({"session_id": "s4", "metadata": "x"}, 422, None),
@@ -84,3 +88,50 @@ def test_fork_on_the_command_line(pg_dsn: str) -> None:
     assert run(pg_dsn, "verify", "cli-3").returncode == 0
     taken = run(pg_dsn, "fork", "cli", "cli-2")
     assert taken.returncode != 0 and "SESSION_EXISTS" in taken.stdout + taken.stderr
+
+
+async def test_a_tenant_forks_and_erases_only_its_own(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two tenants with the same ids: one cannot fork or erase the other's session (404,
+    nothing written), and an erasure's cascade follows the erasing tenant's forks only."""
+    from tests.integration.service_support import new_key
+
+    monkeypatch.setenv("CONTEXTLEDGER_KEK", base64.b64encode(bytes(range(32))).decode())
+    keys = {t: await new_key(pg_dsn, t) for t in ("alpha", "beta")}
+    h = {t: {"Authorization": f"Bearer {k}"} for t, k in keys.items()}
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as running:
+        c = running.client
+        for tenant in ("alpha", "beta"):
+            await c.post("/v1/sessions", json={"session_id": "s"}, headers=h[tenant])
+            await c.post(
+                "/v1/sessions/s/messages",
+                json={"message": user(f"{tenant} says")},
+                headers=h[tenant],
+            )
+            made = await c.post(
+                "/v1/sessions/s/fork", json={"session_id": "s-f"}, headers=h[tenant]
+            )
+            assert made.status_code == 201, made.text
+        await c.post("/v1/sessions", json={"session_id": "alpha-only"}, headers=h["alpha"])
+        stolen = await c.post(
+            "/v1/sessions/alpha-only/fork", json={"session_id": "mine"}, headers=h["beta"]
+        )
+        assert stolen.status_code == 404 and stolen.json()["code"] == "SESSION_NOT_FOUND"
+        assert (await c.get("/v1/sessions/mine", headers=h["beta"])).status_code == 404
+        gone = await c.delete(
+            "/v1/sessions/alpha-only", params={"reason": "r", "erase": "true"}, headers=h["beta"]
+        )
+        assert gone.status_code == 404
+        assert (await c.get("/v1/sessions/alpha-only", headers=h["alpha"])).status_code == 200
+
+        erased = await c.delete(
+            "/v1/sessions/s", params={"reason": "asked", "erase": "true"}, headers=h["alpha"]
+        )
+        assert erased.status_code == 200, erased.text
+        assert [e["session_id"] for e in erased.json()["erased"]] == ["s", "s-f"]
+        assert (await c.get("/v1/sessions/s-f", headers=h["alpha"])).status_code == 410
+        for sid in ("s", "s-f"):
+            got = await c.get(f"/v1/sessions/{sid}/messages", headers=h["beta"])
+            assert got.status_code == 200
+            assert got.json()["messages"] == [user("beta says")]

@@ -420,7 +420,8 @@ class LedgerAgentMemory:
         as it was at ``at`` (a ``Checkpoint``, a label or a seq; default now) and goes on
         on its own, a ledger fork (one pointer event, nothing copied). Invoke the graph
         with ``{"configurable": {"thread_id": new_thread_id}}`` to continue from there;
-        ``thread_id`` is unaffected."""
+        ``thread_id`` is unaffected. ``SessionNotFound`` if ``thread_id`` has no memory
+        (nothing written), ``SessionExists`` if ``new_thread_id`` has."""
         await self._ledgers.call(lambda: self._fork_here(thread_id, new_thread_id, at))
 
     def fork(
@@ -432,8 +433,12 @@ class LedgerAgentMemory:
     async def _fork_here(
         self, thread_id: str, new_thread_id: str, at: Checkpoint | str | int | None
     ) -> None:
-        session = await self.history(thread_id)._session()
-        await session.fork(self.session_prefix + new_thread_id, at)
+        # the ledger's fork, not the thread's history: opening that would create the
+        # source session (a typo'd thread id then forked an empty session it made)
+        ledger = await self._ledgers.for_loop()
+        await ledger.fork(
+            self.session_prefix + thread_id, self.session_prefix + new_thread_id, at=at
+        )
 
     async def aclose(self) -> None:
         """Close what this memory opened (from ``dsn=``; a ``ledger=`` given stays open)."""

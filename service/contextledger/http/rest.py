@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from contextledger import Checkpoint, Event, Session, SessionInfo, VerifyReport
 from contextledger.core.messages import validate_message
@@ -78,7 +78,8 @@ class CheckpointCreate(BaseModel):
 
 class Rollback(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    to: str | int = Field(description="a checkpoint label, or a seq")
+    # strict: JSON true is no seq 1, nor 3.0 seq 3 (lax int took both, and wrote)
+    to: str | StrictInt = Field(description="a checkpoint label, or a seq")
 
 
 class Fork(BaseModel):
@@ -86,7 +87,7 @@ class Fork(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     session_id: str = Field(min_length=1, max_length=200, pattern=SESSION_ID_PATTERN)
-    at: Annotated[str, Field(min_length=1, max_length=200)] | int | None = Field(
+    at: Annotated[str, Field(min_length=1, max_length=200)] | StrictInt | None = Field(
         default=None, description="a checkpoint label, or a seq; default the head"
     )
     metadata: dict[str, Any] | None = Field(

@@ -324,8 +324,9 @@ class MemoryStore(Store):
         metadata: Mapping[str, Any],
     ) -> SessionInfo:
         """The parent's events up to ``parent_seq`` are shared (the list holds the same
-        immutable ``Event`` objects, as PostgreSQL reads them from the parent's rows)."""
-        if session_id in self._streams:
+        immutable ``Event`` objects, as PostgreSQL reads them from the parent's rows).
+        An erased id is taken for good, as ``create_session`` says."""
+        if session_id in self._streams or session_id in self._erased:
             raise SessionExists(f"session {session_id!r} already exists", session_id=session_id)
         parent = self._get(parent_id)
         head = parent.state.head

@@ -23,7 +23,7 @@ from langchain_core.messages import (
 )
 from langgraph.graph import END, START, MessagesState, StateGraph
 
-from contextledger import InvalidArgument, Ledger, SessionExists
+from contextledger import InvalidArgument, Ledger, SessionExists, SessionNotFound
 from contextledger.adapters.langchain import (
     InvalidLangChainMessage,
     LedgerAgentMemory,
@@ -461,6 +461,17 @@ def test_sync_fork_of_a_thread(pg_dsn: str) -> None:
         assert [m.content for m in memory.history("s").messages] == ["one", "two"]
     finally:
         memory.close()
+
+
+async def test_forking_a_thread_with_no_memory_is_refused_and_writes_nothing(
+    pg_ledger: Ledger,
+) -> None:
+    """A typo in the source thread is ``SessionNotFound``: not an empty session made
+    under it and forked (two sessions no one asked for, removable only by a purge)."""
+    memory = LedgerAgentMemory(ledger=pg_ledger, model="gpt-4o")
+    with pytest.raises(SessionNotFound):
+        await memory.afork("no-such-thread", "copy")
+    assert await pg_ledger.sessions() == []
 
 
 def test_missing_extra_names_the_pip_command() -> None:

@@ -104,7 +104,13 @@ class Lineages(ChainTips):
 
     async def descendants(self, session_id: str, conn: asyncpg.Connection) -> list[str]:
         """The forks standing on ``session_id``, theirs, and so on, nearest first (by the
-        index on the parent column, a level a statement): what an erasure takes with it."""
+        index on the parent column, a level a statement): what an erasure takes with it.
+
+        Each fork found is locked ``FOR UPDATE`` (by its id: one shard on Citus) before
+        the next level is read: a fork being made of it holds it ``FOR SHARE``, so the
+        lock waits for that fork to commit and the next read sees it (read unlocked, a
+        fork of a fork made meanwhile was missed, left standing on a destroyed key with
+        the prefix in its rows)."""
         found: list[str] = []
         level = [session_id]
         while level:
@@ -114,6 +120,10 @@ class Lineages(ChainTips):
                 level,
             )
             level = [r[0] for r in rows]
+            for fork in level:
+                await conn.execute(
+                    f"SELECT 1 FROM {S}.sessions WHERE session_id = $1 FOR UPDATE", fork
+                )
             found.extend(level)
         return found
 

@@ -561,6 +561,17 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         return done
 
     @translated
+    async def other_tenant(self) -> str | None:
+        """A tenant other than this store's whose sessions its connections see (None:
+        row-level security holds them, or there is no other): a superuser's or the
+        tables' owner's connection sees every tenant's rows, and an operator's sweep
+        over them (retention) would act on all of them as this one's."""
+        other: str | None = await self._pool.fetchval(
+            f"SELECT tenant_id FROM {S}.sessions WHERE tenant_id <> {S}.current_tenant() LIMIT 1"
+        )
+        return other
+
+    @translated
     async def purges(self) -> list[dict[str, Any]]:
         """The audit records of every purge: who removed which session, when and why."""
         rows = await self._pool.fetch(
