@@ -655,3 +655,31 @@ async def test_another_process_erasing_a_root_stops_reads_of_its_warm_forks(
                 [e async for e in s.events()]
         with pytest.raises(SessionErased):
             await here.fork("warm-f", "warm-late")
+
+
+async def test_an_administrators_purge_and_erase_act_on_one_tenant(pg_dsn: str) -> None:
+    """A superuser's connection is not held by row-level security: the purge and erase
+    functions named the session by id alone and removed every tenant's session of that
+    id. Now they act on the transaction's tenant (``local`` when none is set)."""
+    from contextledger.store.dsn import asyncpg_dsn, with_user
+
+    service = with_user(asyncpg_dsn(pg_dsn), "contextledger_service")
+    for tenant in ("alpha", "local"):
+        async with Ledger.open(service, tenant=tenant, keyring=KeyRing(KEK)) as ledger:
+            for sid in ("p", "e"):
+                s = await ledger.session(sid)
+                await s.add_message({"role": "user", "content": f"{tenant}'s {sid}"})
+    async with Ledger.open(pg_dsn, keyring=KeyRing(KEK)) as admin:  # a superuser, no tenant
+        assert await admin.store.purge("p", "asked") == 2  # type: ignore[attr-defined]
+        receipts = await admin.erase("e", reason="asked")
+        assert [r.session_id for r in receipts] == ["e"]
+    async with Ledger.open(service, tenant="alpha", keyring=KeyRing(KEK)) as alpha:
+        for sid in ("p", "e"):
+            s = await alpha.session(sid, create=False)
+            assert await s.get_messages() == [{"role": "user", "content": f"alpha's {sid}"}]
+        assert await alpha.erasures() == []
+    async with Ledger.open(service, tenant="local", keyring=KeyRing(KEK)) as local:
+        with pytest.raises(SessionNotFound):
+            await local.session("p", create=False)
+        with pytest.raises(SessionErased):
+            await local.session("e", create=False)

@@ -141,7 +141,7 @@ async def test_0014_on_plain_postgresql_and_back(pg_dsn: str) -> None:
     downgrade restores 0011's schema, and upgrading again is clean."""
     from alembic import command
 
-    from contextledger.store.migrate import alembic_config
+    from contextledger.store.migrate import alembic_config, head_revision
 
     conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
     purge_src = "SELECT prosrc FROM pg_proc WHERE proname = 'purge_session'"
@@ -162,8 +162,9 @@ async def test_0014_on_plain_postgresql_and_back(pg_dsn: str) -> None:
         await asyncio.to_thread(command.upgrade, alembic_config(pg_dsn), "head")
         assert await conn.fetchval(position) is None
         assert await conn.fetchval("SELECT version_num FROM contextledger.alembic_version") == (
-            "0014"
+            head_revision()
         )
+        assert "tenant_id = contextledger.current_tenant()" in await conn.fetchval(purge_src)
     finally:
         await conn.close()
 
