@@ -40,6 +40,7 @@ from contextledger.store.distributed import Citus
 from contextledger.store.dsn import asyncpg_dsn, connect_timeout, redact
 from contextledger.store.errors import translate, translated
 from contextledger.store.lineage import Lineage, segments
+from contextledger.store.pipelined import PoolerConnection
 from contextledger.store.postgres.appends import Appends
 from contextledger.store.postgres.connections import _SEARCH_CONNECTION, _keep_session
 from contextledger.store.postgres.reads import Reads
@@ -133,18 +134,20 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         pgbouncer: bool = False,
         keyring: KeyRing | None = None,
     ) -> PostgresStore:
-        """``tenant`` scopes every transaction to that tenant's rows: ``set_config(
-        'contextledger.tenant', tenant, true)`` at its start (``store/scoped.py``; the
-        row-level security key, and the default of every ``tenant_id`` column), never a
-        startup parameter, and a tenant connection whose role row-level security would
-        not hold (superuser, BYPASSRLS, a member of the tables' owner) is refused.
+        """``tenant`` scopes every transaction to that tenant's rows: ``SET LOCAL
+        contextledger.tenant`` at its start, or ``set_config(..., true)`` sent in front of
+        a lone statement (``store/scoped.py``; the row-level security key, and the
+        default of every ``tenant_id`` column), never a startup parameter, and a tenant
+        connection whose role row-level security would not hold (superuser, BYPASSRLS, a
+        member of the tables' owner) is refused.
         ``role`` makes the connections act as that database role (a startup parameter:
         not behind PgBouncer, where the DSN logs in as the role itself).
 
         ``pgbouncer``: the server is reached through PgBouncer in transaction mode:
         asyncpg's statement cache is off (``statement_cache_size=0``: named prepared
-        statements do not survive a server connection change) and no setting travels
-        as a startup parameter (the search pool's go into each transaction).
+        statements do not survive a server connection change; each statement's types are
+        kept instead, ``store/pipelined.py``) and no setting travels as a startup
+        parameter (the search pool's go into each transaction).
         """
         settings: dict[str, str] = {} if pgbouncer else {"application_name": "contextledger"}
         if role is not None:
@@ -170,6 +173,8 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             options["timeout"] = search_options["timeout"] = timeout
         if pgbouncer:
             options["statement_cache_size"] = search_options["statement_cache_size"] = 0
+            # each statement described once per connection, then one round trip a run
+            options["connection_class"] = search_options["connection_class"] = PoolerConnection
         if tenant is not None:
             options.update(
                 connection_class=TenantConnection,
