@@ -81,9 +81,14 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         keyring: KeyRing | None = None,
         tenant: str = "local",
         citus: Citus | None = None,
+        pgbouncer: bool = False,
     ) -> None:
         self._pool = pool
         self.citus = citus  # the Citus the store found at start (None: plain PostgreSQL)
+        #: Appends call the server's functions (migration 0014), as on Citus: behind a
+        #: transaction-mode pooler a statement is parsed and planned at every run (no
+        #: named prepared statements), a function's plans are kept by the server session.
+        self._call_appends = citus is not None or pgbouncer
         #: KEKs that wrap new sessions' data keys; the tenant binds them (sealing.py).
         self._keyring = keyring
         self._tenant = tenant
@@ -236,6 +241,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             keyring=keyring,
             tenant=tenant or "local",
             citus=citus,
+            pgbouncer=pgbouncer,
         )
 
     @translated
