@@ -19,6 +19,10 @@ In the same run, on the same server:
 2. Proxy overhead: p50 of ``POST /v1/chat/completions`` through the service minus
    p50 of the same request sent straight to the upstream (tests/fakellm.py,
    answering at once), for a conversation that grows by one turn per call.
+3. With ``--retry-messages N``: a session of N messages written by the library, then
+   its last request resent through the service (a client retry after an answer it never
+   saw) ``--retries`` times: no service process built that request, so each one
+   rebuilds the request the first try got (``Session.request_at``). p50 latency.
 
 With ``--pgbouncer`` the service reaches the server through Debian's PgBouncer in
 transaction mode, and the report adds what PgBouncer counted per service append and per
@@ -375,6 +379,36 @@ async def bench_proxy(
     }
 
 
+async def bench_retry(http: Http, dsn: str, messages: int, retries: int) -> dict[str, Any]:
+    """A retry of the last request of a session of ``messages`` messages, in a process
+    that did not build it: p50 of the proxy call (the fake upstream answers at once)."""
+    history: list[dict[str, Any]] = []
+    for i in range(messages):
+        role = "user" if i % 2 == 0 else "assistant"
+        history.append({"role": role, "content": f"turn {i}: " + "words of the turn " * 8})
+    async with Ledger.open(dsn) as ledger:
+        session = await ledger.session("retry-bench")
+        for start in range(0, messages, 500):
+            await session.add_messages(history[start : start + 500])
+    retry = history[:-1]  # the client never saw the last answer
+    latencies = []
+    for _ in range(retries):
+        t = time.perf_counter()
+        status, reply = await http.post(
+            "/v1/chat/completions",
+            {"model": "fast", "messages": retry},
+            {"X-Session-Id": "retry-bench"},
+        )
+        latencies.append((time.perf_counter() - t) * 1000)
+        assert status == 200, reply
+    return {
+        "messages": messages,
+        "retries": retries,
+        "p50_ms": statistics.median(latencies),
+        "max_ms": max(latencies),
+    }
+
+
 def report(rows: list[dict[str, Any]], proxy: dict[str, Any] | None, total: int) -> str:
     out = []
     if rows:
@@ -426,7 +460,7 @@ def report(rows: list[dict[str, Any]], proxy: dict[str, Any] | None, total: int)
 
 
 def figures(rows: list[dict[str, Any]], proxy: dict[str, Any] | None) -> dict[str, Any]:
-    """The report's figures, for ``bench/results/``."""
+    """The report's figures, for ``bench/results/`` (the retry's are added as they are)."""
     appends = []
     for row in rows:
         entry: dict[str, Any] = {"clients": row["clients"]}
@@ -466,20 +500,29 @@ async def main_async(
             await wait_ready(url, proc)
             progress("service ready")
             async with Http(args.client, url) as http:
-                rows, proxy = [], None
-                if args.only != "proxy":
+                rows, proxy, retry = [], None, None
+                if args.only is None or args.only == "appends":
                     rows = await bench_appends(dsn, http, args.appends, stats, proc.pid)
-                if args.only != "appends":
+                if args.only is None or args.only == "proxy":
                     progress("proxy overhead")
                     proxy = await bench_proxy(
                         http, fake.base_url, args.proxy_calls, stats, proc.pid
                     )
+                if args.retry_messages:
+                    progress(f"a retry at {args.retry_messages:,} messages")
+                    retry = await bench_retry(http, dsn, args.retry_messages, args.retries)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     behind = ", through PgBouncer (transaction mode)" if service_dsn else ""
     print(f"(load from {args.client} clients; {args.workers} service process(es){behind})\n")
     print(report(rows, proxy, args.appends))
+    if retry is not None:
+        print(
+            f"\n### A retry in a process that did not build the request\n\n"
+            f"{retry['messages']:,} messages: p50 {retry['p50_ms']:.1f} ms, slowest "
+            f"{retry['max_ms']:.1f} ms ({retry['retries']} retries)"
+        )
     name = "service" if args.label is None else f"service-{args.label}"
     doc = {
         "workers": args.workers,
@@ -488,6 +531,7 @@ async def main_async(
         "appends_per_row": args.appends,
         "proxy_calls": args.proxy_calls,
         **figures(rows, proxy),
+        "retry": retry,
     }
     progress(f"figures: {write_results(name, doc)}")
 
@@ -498,9 +542,17 @@ def main() -> None:
     parser.add_argument("--appends", type=int, default=2048, help="appends per row")
     parser.add_argument("--proxy-calls", type=int, default=200)
     parser.add_argument("--client", choices=["wire", "aiohttp", "httpx"], default="wire")
-    parser.add_argument("--only", choices=["appends", "proxy"], help="run one part only")
     parser.add_argument("--workers", type=int, default=1, help="service processes")
     parser.add_argument("--label", help="figures go to bench/results/service-LABEL.json")
+    parser.add_argument(
+        "--retry-messages", type=int, default=0, help="also time a retry at this many messages"
+    )
+    parser.add_argument("--retries", type=int, default=10)
+    parser.add_argument(
+        "--only",
+        choices=["appends", "proxy", "retry"],
+        help="run one part only (retry: with --retry-messages)",
+    )
     parser.add_argument(
         "--pgbouncer",
         action="store_true",
