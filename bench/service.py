@@ -1,7 +1,8 @@
 """Service benchmark: appends over HTTP vs the library vs raw asyncpg, and proxy overhead.
 
     .venv/bin/python bench/service.py [--dsn DSN] [--appends N] [--proxy-calls N]
-                                      [--only appends|proxy]
+                                      [--only appends|proxy] [--workers N] [--pgbouncer]
+                                      [--label LABEL]
 
 Without ``--dsn`` it runs on a fresh embedded PostgreSQL in a temporary directory.
 The service runs as its own process (``contextledger serve``, as deployed); the
@@ -18,8 +19,18 @@ In the same run, on the same server:
 2. Proxy overhead: p50 of ``POST /v1/chat/completions`` through the service minus
    p50 of the same request sent straight to the upstream (tests/fakellm.py,
    answering at once), for a conversation that grows by one turn per call.
+3. With ``--retry-messages N``: a session of N messages written by the library, then
+   its last request resent through the service (a client retry after an answer it never
+   saw) ``--retries`` times: no service process built that request, so each one
+   rebuilds the request the first try got (``Session.request_at``). p50 latency.
 
-Report (markdown) to stdout, progress to stderr.
+With ``--pgbouncer`` the service reaches the server through Debian's PgBouncer in
+transaction mode, and the report adds what PgBouncer counted per service append and per
+proxy call: server round trips (its ``query_count``: each ``Sync`` or simple query) and
+transactions.
+
+Report (markdown) to stdout, progress to stderr; the figures to
+``bench/results/service[-LABEL].json``.
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._pg import embedded_server, install_sigterm_handler  # noqa: E402
+from bench.results import write as write_results  # noqa: E402
 from tests.fakellm import running_fake_llm  # noqa: E402
 
 CLIENTS = (1, 16, 64)
@@ -233,7 +245,35 @@ class Http:
             return r.status, await r.json(content_type=None)
 
 
-async def bench_appends(dsn: str, http: Http, total: int) -> list[dict[str, Any]]:
+Stats = Callable[[], dict[str, int]]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU (user + system) the service's processes have used: the server and its
+    workers. Per append it says what an append costs there whatever else the machine
+    is running (the latencies and rates here do not)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    total = 0.0
+    for p in (proc, *proc.children(recursive=True)):
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def per(before: dict[str, int], after: dict[str, int], n: int) -> dict[str, float]:
+    """PgBouncer's round trips (queries) and transactions per operation between two
+    ``SHOW STATS``."""
+    return {k: (after[k] - before[k]) / n for k in ("query_count", "xact_count")}
+
+
+async def bench_appends(
+    dsn: str, http: Http, total: int, stats: Stats | None = None, pid: int | None = None
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     raw = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=64)
     await raw.execute(
@@ -268,17 +308,29 @@ async def bench_appends(dsn: str, http: Http, total: int) -> list[dict[str, Any]
                     "INSERT INTO bench_raw VALUES ($1, $2, $3::jsonb)", f"{tag}-{c}", i, data
                 )
 
-            results = {}
+            results: dict[str, Any] = {}
             for name, fn in (("service", via_http), ("library", via_library), ("raw", via_raw)):
                 progress(f"{n} clients: {name}")
+                before = stats() if stats is not None and name == "service" else None
+                cpu = cpu_seconds(pid) if pid is not None and name == "service" else None
                 results[name] = await run_clients(n, total, fn)
+                if cpu is not None and pid is not None:
+                    spent = cpu_seconds(pid) - cpu
+                    results["service_cpu_ms"] = spent * 1000 / len(results[name][1])
+                if before is not None and stats is not None:
+                    done = len(results[name][1])
+                    results["bouncer"] = per(before, await asyncio.to_thread(stats), done)
             rows.append({"clients": n, **results})
     await raw.close()
     return rows
 
 
-async def bench_proxy(http: Http, upstream: str, calls: int) -> dict[str, float]:
+async def bench_proxy(
+    http: Http, upstream: str, calls: int, stats: Stats | None = None, pid: int | None = None
+) -> dict[str, Any]:
     direct: list[float] = []
+    before: dict[str, int] | None = None
+    cpu = 0.0
     proxied: list[float] = []
     history: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
     for i in range(calls + 5):
@@ -300,8 +352,20 @@ async def bench_proxy(http: Http, upstream: str, calls: int) -> dict[str, float]
         if i >= 5:  # the first calls import litellm and warm the caches
             direct.append(d)
             proxied.append(p)
+        if i == 4:
+            await asyncio.sleep(0.05)  # the last warm-up reply's record lands
+            before = await asyncio.to_thread(stats) if stats is not None else None
+            cpu = cpu_seconds(pid) if pid is not None else 0.0
+    await asyncio.sleep(0.05)
+    cpu_ms = (cpu_seconds(pid) - cpu) * 1000 / len(proxied) if pid is not None else None
+    bouncer = None
+    if before is not None and stats is not None:
+        await asyncio.sleep(0.05)
+        bouncer = per(before, await asyncio.to_thread(stats), len(proxied))
     half = len(direct) // 2
     return {
+        "bouncer": bouncer,
+        "service_cpu_ms": cpu_ms,
         "direct_p50": statistics.median(direct),
         "proxy_p50": statistics.median(proxied),
         "overhead_p50": statistics.median(proxied) - statistics.median(direct),
@@ -315,15 +379,45 @@ async def bench_proxy(http: Http, upstream: str, calls: int) -> dict[str, float]
     }
 
 
-def report(rows: list[dict[str, Any]], proxy: dict[str, float] | None, total: int) -> str:
+async def bench_retry(http: Http, dsn: str, messages: int, retries: int) -> dict[str, Any]:
+    """A retry of the last request of a session of ``messages`` messages, in a process
+    that did not build it: p50 of the proxy call (the fake upstream answers at once)."""
+    history: list[dict[str, Any]] = []
+    for i in range(messages):
+        role = "user" if i % 2 == 0 else "assistant"
+        history.append({"role": role, "content": f"turn {i}: " + "words of the turn " * 8})
+    async with Ledger.open(dsn) as ledger:
+        session = await ledger.session("retry-bench")
+        for start in range(0, messages, 500):
+            await session.add_messages(history[start : start + 500])
+    retry = history[:-1]  # the client never saw the last answer
+    latencies = []
+    for _ in range(retries):
+        t = time.perf_counter()
+        status, reply = await http.post(
+            "/v1/chat/completions",
+            {"model": "fast", "messages": retry},
+            {"X-Session-Id": "retry-bench"},
+        )
+        latencies.append((time.perf_counter() - t) * 1000)
+        assert status == 200, reply
+    return {
+        "messages": messages,
+        "retries": retries,
+        "p50_ms": statistics.median(latencies),
+        "max_ms": max(latencies),
+    }
+
+
+def report(rows: list[dict[str, Any]], proxy: dict[str, Any] | None, total: int) -> str:
     out = []
     if rows:
         out += [
             f"### Appends ({total} per row; one session per client)",
             "",
-            "| clients | service | library | raw asyncpg | service / library | service p50 / p99 |"
-            " library p50 / p99 |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
+            "| clients | service | library | raw asyncpg | service / library |"
+            " service CPU / append | service p50 / p99 | library p50 / p99 |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
     for row in rows:
         svc_rate, svc_lat = row["service"]
@@ -331,9 +425,18 @@ def report(rows: list[dict[str, Any]], proxy: dict[str, float] | None, total: in
         raw_rate, _ = row["raw"]
         out.append(
             f"| {row['clients']} | {svc_rate:,.0f}/s | {lib_rate:,.0f}/s | {raw_rate:,.0f}/s"
-            f" | **{svc_rate / lib_rate:.2f}x** | {pct(svc_lat, 0.5):.2f} / "
+            f" | **{svc_rate / lib_rate:.2f}x** | {row.get('service_cpu_ms', 0):.2f} ms"
+            f" | {pct(svc_lat, 0.5):.2f} / "
             f"{pct(svc_lat, 0.99):.2f} ms | {pct(lib_lat, 0.5):.2f} / {pct(lib_lat, 0.99):.2f} ms |"
         )
+    bounced = [r for r in rows if r.get("bouncer")]
+    if bounced:
+        out += ["", "Through PgBouncer, per service append (its SHOW STATS):", ""]
+        out += [
+            f"- {r['clients']} clients: {r['bouncer']['query_count']:.2f} server round trips,"
+            f" {r['bouncer']['xact_count']:.2f} transactions"
+            for r in bounced
+        ]
     if proxy is None:
         return "\n".join(out)
     out += [
@@ -344,13 +447,43 @@ def report(rows: list[dict[str, Any]], proxy: dict[str, float] | None, total: in
         f"{proxy['proxy_p50']:.2f} ms · **overhead p50 {proxy['overhead_p50']:.2f} ms** "
         f"(median of per-call differences {proxy['overhead_of_medians']:.2f} ms); "
         f"over the second half of the calls (up to {proxy['messages']:.0f} messages) "
-        f"**{proxy['late_overhead_p50']:.2f} ms**",
+        f"**{proxy['late_overhead_p50']:.2f} ms**; the service's CPU per call "
+        f"{proxy['service_cpu_ms'] or 0:.2f} ms",
     ]
+    if proxy.get("bouncer"):
+        b = proxy["bouncer"]
+        out.append(
+            f"\nThrough PgBouncer, per proxy call (its reply recorded included): "
+            f"{b['query_count']:.2f} server round trips, {b['xact_count']:.2f} transactions"
+        )
     return "\n".join(out)
 
 
-async def main_async(args: argparse.Namespace, dsn: str, service_dsn: str | None = None) -> None:
-    """``service_dsn``: where the service connects (PgBouncer), when not ``dsn``."""
+def figures(rows: list[dict[str, Any]], proxy: dict[str, Any] | None) -> dict[str, Any]:
+    """The report's figures, for ``bench/results/`` (the retry's are added as they are)."""
+    appends = []
+    for row in rows:
+        entry: dict[str, Any] = {"clients": row["clients"]}
+        for name in ("service", "library", "raw"):
+            rate, lat = row[name]
+            entry[name] = {"per_s": rate, "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99)}
+        entry["service_over_library"] = row["service"][0] / row["library"][0]
+        entry["service_over_raw"] = row["service"][0] / row["raw"][0]
+        if row.get("bouncer"):
+            entry["bouncer_per_append"] = row["bouncer"]
+        entry["service_cpu_ms_per_append"] = row.get("service_cpu_ms")
+        appends.append(entry)
+    return {"appends": appends, "proxy": proxy}
+
+
+async def main_async(
+    args: argparse.Namespace,
+    dsn: str,
+    service_dsn: str | None = None,
+    stats: Stats | None = None,
+) -> None:
+    """``service_dsn``: where the service connects (PgBouncer), when not ``dsn``;
+    ``stats``: PgBouncer's totals, then."""
     async with Ledger.open(dsn, migrate=True):
         pass
     with running_fake_llm() as fake:
@@ -367,18 +500,40 @@ async def main_async(args: argparse.Namespace, dsn: str, service_dsn: str | None
             await wait_ready(url, proc)
             progress("service ready")
             async with Http(args.client, url) as http:
-                rows, proxy = [], None
-                if args.only != "proxy":
-                    rows = await bench_appends(dsn, http, args.appends)
-                if args.only != "appends":
+                rows, proxy, retry = [], None, None
+                if args.only is None or args.only == "appends":
+                    rows = await bench_appends(dsn, http, args.appends, stats, proc.pid)
+                if args.only is None or args.only == "proxy":
                     progress("proxy overhead")
-                    proxy = await bench_proxy(http, fake.base_url, args.proxy_calls)
+                    proxy = await bench_proxy(
+                        http, fake.base_url, args.proxy_calls, stats, proc.pid
+                    )
+                if args.retry_messages:
+                    progress(f"a retry at {args.retry_messages:,} messages")
+                    retry = await bench_retry(http, dsn, args.retry_messages, args.retries)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     behind = ", through PgBouncer (transaction mode)" if service_dsn else ""
     print(f"(load from {args.client} clients; {args.workers} service process(es){behind})\n")
     print(report(rows, proxy, args.appends))
+    if retry is not None:
+        print(
+            f"\n### A retry in a process that did not build the request\n\n"
+            f"{retry['messages']:,} messages: p50 {retry['p50_ms']:.1f} ms, slowest "
+            f"{retry['max_ms']:.1f} ms ({retry['retries']} retries)"
+        )
+    name = "service" if args.label is None else f"service-{args.label}"
+    doc = {
+        "workers": args.workers,
+        "pgbouncer": service_dsn is not None,
+        "client": args.client,
+        "appends_per_row": args.appends,
+        "proxy_calls": args.proxy_calls,
+        **figures(rows, proxy),
+        "retry": retry,
+    }
+    progress(f"figures: {write_results(name, doc)}")
 
 
 def main() -> None:
@@ -387,8 +542,17 @@ def main() -> None:
     parser.add_argument("--appends", type=int, default=2048, help="appends per row")
     parser.add_argument("--proxy-calls", type=int, default=200)
     parser.add_argument("--client", choices=["wire", "aiohttp", "httpx"], default="wire")
-    parser.add_argument("--only", choices=["appends", "proxy"], help="run one part only")
     parser.add_argument("--workers", type=int, default=1, help="service processes")
+    parser.add_argument("--label", help="figures go to bench/results/service-LABEL.json")
+    parser.add_argument(
+        "--retry-messages", type=int, default=0, help="also time a retry at this many messages"
+    )
+    parser.add_argument("--retries", type=int, default=10)
+    parser.add_argument(
+        "--only",
+        choices=["appends", "proxy", "retry"],
+        help="run one part only (retry: with --retry-messages)",
+    )
     parser.add_argument(
         "--pgbouncer",
         action="store_true",
@@ -397,8 +561,8 @@ def main() -> None:
     args = parser.parse_args()
     install_sigterm_handler()
     if args.pgbouncer:
-        with embedded_server() as dsn, behind_pgbouncer(dsn) as service_dsn:
-            asyncio.run(main_async(args, dsn, service_dsn))
+        with embedded_server() as dsn, behind_pgbouncer(dsn) as (service_dsn, stats):
+            asyncio.run(main_async(args, dsn, service_dsn, stats))
     elif args.dsn:
         asyncio.run(main_async(args, args.dsn))
     else:
@@ -407,9 +571,9 @@ def main() -> None:
 
 
 @contextmanager
-def behind_pgbouncer(dsn: str) -> Iterator[str]:
+def behind_pgbouncer(dsn: str) -> Iterator[tuple[str, Stats]]:
     """PgBouncer (tests/integration/pgbouncer.py) in front of the embedded server at
-    ``dsn``: the DSN through it, as the same user."""
+    ``dsn``: the DSN through it, as the same user, and its ``SHOW STATS`` totals."""
     from urllib.parse import parse_qs
 
     from tests.integration.pgbouncer import running_pgbouncer
@@ -420,7 +584,7 @@ def behind_pgbouncer(dsn: str) -> Iterator[str]:
     port = int(query.get("port", [parts.port or 5432])[0])
     user = parts.username or "postgres"
     with running_pgbouncer(host, port, [user, "contextledger_service"], pool_size=8) as bouncer:
-        yield bouncer.dsn(user, parts.path.lstrip("/"))
+        yield bouncer.dsn(user, parts.path.lstrip("/")), lambda: bouncer.stats(user)
 
 
 if __name__ == "__main__":

@@ -443,9 +443,17 @@ class RequestPath:
     # -- replaying one -----------------------------------------------------------------
 
     async def replay(
-        self, state: ViewState, seq: int, provider: Any | None, token_budget: int | None
+        self,
+        state: ViewState,
+        seq: int,
+        provider: Any | None,
+        token_budget: int | None,
+        *,
+        branch_seqs: Sequence[int] | None = None,
     ) -> list[dict[str, Any]]:
-        """``Session.request_at``: the request built right after ``seq`` (``state``)."""
+        """``Session.request_at``: the request built right after ``seq`` (``state``);
+        ``branch_seqs``: the branch's seqs then, where ``state`` does not carry the branch
+        (read from the branch index, not folded)."""
         s = self._s
         config = (
             self._state.ledger.config_from(state.config) if state.config else self._state.config
@@ -469,7 +477,11 @@ class RequestPath:
             counter=s.counter,
             whole_tokens=budget + recall_room,
         )
-        branch = [i.seq for i in state.branch if i.ref[1] == 0]
+        branch = (
+            list(branch_seqs)
+            if branch_seqs is not None
+            else [i.seq for i in state.branch if i.ref[1] == 0]
+        )
         if extra and not leaves_out(sum(i.tokens for i in state.view), items):
             extra = 0
         view = await with_recall(

@@ -24,6 +24,7 @@ from contextledger.core.config import ContextConfig
 from contextledger.core.events import (
     CheckpointCreated,
     Event,
+    MessageAppended,
     Payload,
     SessionCleared,
 )
@@ -47,6 +48,9 @@ from contextledger.summarizer import FallbackCallback
 
 FOOTPRINT_FIXED = 64 * 1024
 FOOTPRINT_PER_TOKEN = 24
+#: ``request_at`` takes the stored view back past at most this many appended messages
+#: (read as events) instead of folding the history (``Session._recent_state``).
+RECENT_MESSAGES = 256
 
 
 class Session:
@@ -477,8 +481,43 @@ class Session:
         ``seq``, with its recall block (searched as of ``seq``, on the branch as of
         ``seq``), finished for the provider. Ephemeral messages are not in the ledger;
         replays never call a model or an embedder."""
+        recent = await self._recent_state(seq)
+        if recent is not None:
+            state, branch = recent
+            return await self._requests.replay(
+                state, seq, provider, token_budget, branch_seqs=branch
+            )
         state = await self._fold_to(seq)
         return await self._requests.replay(state, seq, provider, token_budget)
+
+    async def _recent_state(self, seq: int) -> tuple[ViewState, list[int]] | None:
+        """The state right after ``seq`` and its branch's seqs without folding the history,
+        when at most ``RECENT_MESSAGES`` messages were appended since and nothing else
+        (a resent request's usual case: its reply came after): the stored view without
+        those messages, which are its tail, and the branch index up to ``seq``. None
+        otherwise (another event since, a fork, a write meanwhile, a seq out of range):
+        the caller folds."""
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+            return None
+        store, sid = self._store, self.session_id
+        info = await store.session_info(sid)
+        if info.parent is not None or not 0 <= info.head - seq <= RECENT_MESSAGES:
+            return None
+        later = [e async for e in store.read_events(sid, seq + 1, info.head)]
+        if len(later) != info.head - seq or not all(
+            isinstance(e.payload, MessageAppended) for e in later
+        ):
+            return None
+        view = await store.read_view(sid)
+        branch = await store.branch_seqs(sid)
+        now = await store.session_info(sid)
+        if (now.head, now.last_hash) != (info.head, info.last_hash):
+            return None  # written meanwhile: the view read may be another head's
+        kept = len(view) - len(later)
+        if kept < 0 or [i.ref for i in view[kept:]] != [(e.seq, 0) for e in later]:
+            return None
+        state = ViewState(head=seq, view=view[:kept], model=info.model, config=info.config)
+        return state, [b for b in branch if b <= seq]
 
     async def verify(self) -> VerifyReport:
         """Recompute the session's hash chain from its first event: ``report.ok``, or the

@@ -125,6 +125,7 @@ _SLOW_FILES = frozenset(
         "test_service_fuzz.py",
         "test_service_process.py",
         "test_service_pgbouncer.py",
+        "test_store_contract_pgbouncer.py",
         "test_first_hour.py",
         "test_long_conversation.py",
         "test_cli.py",

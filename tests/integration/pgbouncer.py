@@ -39,6 +39,25 @@ class Bouncer:
     def dsn(self, user: str, dbname: str) -> str:
         return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
 
+    def stats(self, user: str) -> dict[str, int]:
+        """PgBouncer's own totals (``SHOW STATS``, every database but its console summed;
+        ``user`` is the first of ``running_pgbouncer``'s, the one its console admits):
+        transactions, queries (each ``Sync`` or simple query: a round trip to the
+        server), bytes, microseconds."""
+        import psycopg
+
+        with psycopg.connect(self.dsn(user, "pgbouncer"), autocommit=True) as conn:
+            cur = conn.execute("SHOW STATS")  # no parameters: the simple protocol it takes
+            names = [d.name for d in cur.description or ()]
+            totals: dict[str, int] = {}
+            for row in cur.fetchall():
+                if row[names.index("database")] == "pgbouncer":
+                    continue  # its console: these SHOW STATS
+                for name, value in zip(names, row, strict=True):
+                    if name.startswith("total_"):
+                        totals[name[6:]] = totals.get(name[6:], 0) + int(value)
+            return totals
+
 
 @contextmanager
 def running_pgbouncer(
@@ -59,6 +78,7 @@ def running_pgbouncer(
         f"listen_port = {port}\n"
         "unix_socket_dir =\n"
         "auth_type = trust\n"
+        f"stats_users = {users[0]}\n"  # SHOW STATS on its console (bench/service.py)
         f"auth_file = {home / 'users.txt'}\n"
         "pool_mode = transaction\n"
         f"default_pool_size = {pool_size}\n"

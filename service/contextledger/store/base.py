@@ -259,6 +259,11 @@ class Store(abc.ABC):
         or None past its end: from the branch index, without reading the messages."""
 
     @abc.abstractmethod
+    async def branch_seqs(self, session_id: str) -> list[int]:
+        """The seqs behind the current branch's messages, in order (each ``messages.replaced``
+        once, for its first message): its index only, no message read."""
+
+    @abc.abstractmethod
     def read_events(
         self, session_id: str, from_seq: int = 1, to_seq: int | None = None
     ) -> AsyncIterator[Event]:

@@ -515,6 +515,9 @@ class MemoryStore(Store):
         branch = self._get(session_id).branch
         return branch[index].seq if 0 <= index < len(branch) else None
 
+    async def branch_seqs(self, session_id: str) -> list[int]:
+        return [i.seq for i in self._get(session_id).branch if i.ref[1] == 0]
+
     async def read_events(
         self, session_id: str, from_seq: int = 1, to_seq: int | None = None
     ) -> AsyncIterator[Event]:

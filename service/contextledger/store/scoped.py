@@ -9,14 +9,18 @@ transaction the connection runs, whichever server connection a pooler lends it:
 
 - a transaction (``conn.transaction()``) starts with ``BEGIN; SET LOCAL ...``, one
   simple-protocol round trip, as asyncpg's own ``BEGIN`` was;
-- a statement outside one runs inside ``BEGIN; SET LOCAL ...`` … ``COMMIT`` (two round
-  trips more than it took alone).
+- a statement outside one gets the same settings from ``set_config(..., true)`` sent
+  in front of it, before the same ``Sync`` (``store/pipelined.py``): one implicit
+  transaction on one server connection, and one round trip, as the statement alone
+  (it took four: ``BEGIN; SET LOCAL``, asyncpg's ``Describe``, the statement, ``COMMIT``).
+  If the tenant cannot be set, the statement does not run.
 
-``SET LOCAL``, not ``set_config(..., true)``: on Citus the row-level security policy runs
+``SET LOCAL``, not ``set_config(..., true)``, on Citus: the row-level security policy runs
 on the worker holding the shard, and Citus forwards a transaction's ``SET LOCAL`` to the
-workers (``citus.propagate_set_commands = local``), never a ``set_config()`` call. For
-the same reason a direct connection to a server with Citus is scoped per transaction
-too (``scoped``), not once for its session.
+workers (``citus.propagate_set_commands = local``), never a ``set_config()`` call. There a
+lone statement runs inside ``BEGIN; SET LOCAL ...`` … ``COMMIT``. For the same reason a
+direct connection to a server with Citus is scoped per transaction too (``scoped``), not
+once for its session.
 
 ``check_role`` refuses a tenant connection whose role would not be held by row-level
 security at all: a superuser, a BYPASSRLS role, or a member of a table's owner (owners
@@ -32,6 +36,7 @@ from typing import Any
 import asyncpg
 
 from contextledger.errors import ConfigError
+from contextledger.store.pipelined import PoolerConnection, prefix
 
 SCHEMA = "contextledger"
 TENANT_SETTING = "contextledger.tenant"
@@ -65,6 +70,16 @@ def scope_sql(tenant: str, settings: Mapping[str, str] | None = None) -> str:
     return "; ".join(f"SET LOCAL {_name(name)} = {literal(v)}" for name, v in parts.items())
 
 
+def prefix_sql(tenant: str, settings: Mapping[str, str] | None = None) -> str:
+    """A statement that sets the tenant and ``settings`` for the rest of its transaction
+    and returns no row (``set_config`` never returns NULL; ``concat`` calls each)."""
+    parts = {TENANT_SETTING: tenant, **(settings or {})}
+    calls = ", ".join(
+        f"set_config({literal(_name(name))}, {literal(v)}, true)" for name, v in parts.items()
+    )
+    return f"SELECT 1 WHERE concat({calls}) IS NULL"
+
+
 def session_scope_sql(tenant: str) -> str:
     """The statement that scopes a direct connection's whole session (plain PostgreSQL
     only: a worker of Citus would not see it)."""
@@ -78,11 +93,15 @@ def _name(setting: str) -> str:
     return setting
 
 
-class TenantConnection(asyncpg.Connection):  # type: ignore[misc]
+class TenantConnection(PoolerConnection):
     """An asyncpg connection whose every transaction is scoped to one tenant
-    (``scope``, set by ``scoped``; None: a plain connection)."""
+    (``scope``, set by ``scoped``; None: a plain connection). ``prefix``: the scope
+    sent in front of a lone statement, before its ``Sync`` (None: on Citus, the lone
+    statement is wrapped in a scoped transaction instead)."""
 
     _scope: str | None = None
+    _prefix: bytes | None = None
+    _lone = False  # a lone statement of this connection is under way
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:  # noqa: ASYNC109
         scope = self._scope
@@ -94,7 +113,29 @@ class TenantConnection(asyncpg.Connection):  # type: ignore[misc]
     async def _execute(self, query: Any, args: Any, limit: Any, timeout: Any, **kw: Any) -> Any:  # noqa: ASYNC109
         if self._scope is None or self.is_in_transaction():
             return await super()._execute(query, args, limit, timeout, **kw)
+        if self._prefix is not None:
+            self._lone = True
+            try:
+                return await super()._execute(query, args, limit, timeout, **kw)
+            finally:
+                self._lone = False
         return await self._scoped(super()._execute, query, args, limit, timeout, **kw)
+
+    async def _do_execute(
+        self,
+        query: Any,
+        executor: Any,
+        timeout: Any,  # noqa: ASYNC109
+        retry: bool = True,
+        **kw: Any,
+    ) -> Any:
+        """Each run of a lone statement (asyncpg's retry and its type introspection too)
+        goes out with the scope in front, before the same ``Sync``."""
+        scope = self._prefix
+        if not self._lone or scope is None or isinstance(executor, _Prefixed):
+            return await super()._do_execute(query, executor, timeout, retry, **kw)
+        prefixed = _Prefixed(self, scope, executor)
+        return await super()._do_execute(query, prefixed, timeout, retry, **kw)
 
     async def _executemany(self, query: Any, args: Any, timeout: Any, **kw: Any) -> Any:  # noqa: ASYNC109
         if self._scope is None or self.is_in_transaction():
@@ -114,6 +155,29 @@ class TenantConnection(asyncpg.Connection):  # type: ignore[misc]
         # the pool, which rolls back or replaces it
         await super().execute("COMMIT")
         return result
+
+
+class _Prefixed:
+    """asyncpg's executor of a statement, with the connection's scope written first."""
+
+    __slots__ = ("_conn", "_executor", "_scope")
+
+    def __init__(self, conn: TenantConnection, scope: bytes, executor: Any) -> None:
+        self._conn, self._scope, self._executor = conn, scope, executor
+
+    async def __call__(self, stmt: Any, timeout: Any) -> Any:  # noqa: ASYNC109
+        conn = self._conn
+        sent = conn._protocol.queries_count  # asyncpg counts a statement once it is sent
+        conn._transport.write(self._scope)
+        try:
+            return await self._executor(stmt, timeout)
+        except BaseException:
+            if conn._protocol.queries_count == sent:
+                # failed before the statement and its Sync went out (arguments that do
+                # not encode, a cancellation): the scope would lead whatever comes next
+                # on this connection. It is closed, never reused.
+                conn.terminate()
+            raise
 
 
 async def check_role(conn: asyncpg.Connection) -> bool:
@@ -151,6 +215,7 @@ def scoped(
     Either way after the connection is made, never a startup parameter, and checked
     before."""
     scope = scope_sql(tenant, settings)
+    lone = prefix(prefix_sql(tenant, settings))
     # Citus plans a query with a CTE or subqueries on distributed tables only with its
     # parameters' values: no forced generic plan there.
     citus_scope = scope_sql(
@@ -162,6 +227,7 @@ def scoped(
         assert isinstance(conn, TenantConnection)
         if per_transaction or citus:
             conn._scope = citus_scope if citus else scope
+            conn._prefix = None if citus else lone
         else:
             await conn.execute(session_scope_sql(tenant))
 

@@ -67,9 +67,10 @@ class Appends(Lineages):
     """The three append paths and the view writes they share with ``rebuild``."""
 
     _batcher: AppendBatcher
+    _call_appends: bool  # the append functions, not the statements (Citus, PgBouncer)
 
     async def _append_one(self, row: tuple[Any, ...]) -> Any:
-        sql = APPEND_MESSAGE if self.citus is None else APPEND_MESSAGE_CALL
+        sql = APPEND_MESSAGE_CALL if self._call_appends else APPEND_MESSAGE
         return await self._hot(lambda conn: conn.fetchval(sql, *row))
 
     async def _append_many(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
@@ -257,7 +258,7 @@ class Appends(Lineages):
                 prev = event.hash
             try:
                 view_tokens = await self._pool.fetchval(
-                    APPEND_SESSION_MESSAGES if self.citus is None else APPEND_SESSION_MESSAGES_CALL,
+                    APPEND_SESSION_MESSAGES_CALL if self._call_appends else APPEND_SESSION_MESSAGES,
                     session_id,
                     head,
                     [e.seq for e in events],

@@ -24,6 +24,7 @@ from contextledger.store.postgres.statements import (
     EVENT_COLUMNS,
     LAST_USERS,
     READ_BRANCH,
+    READ_BRANCH_REFS,
     READ_VIEW,
     VIEW_COLUMNS,
     S,
@@ -174,6 +175,21 @@ class Reads(Lineages):
         if seq is None:
             await self.session_info(session_id)  # SessionNotFound for an unknown session
         return cast(int | None, seq)
+
+    @translated
+    async def branch_seqs(self, session_id: str) -> list[int]:
+        lineage = await self._lineage(session_id)
+        if lineage:
+            async with (
+                self._pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                rows = await self._fork_branch(conn, session_id, lineage)
+        else:
+            rows = await self._pool.fetch(READ_BRANCH_REFS, session_id)
+            if not rows:
+                await self.session_info(session_id)  # SessionNotFound for an unknown session
+        return [r[1] for r in rows if r[2] == 0]
 
     @translated_iter
     async def read_events(

@@ -40,6 +40,7 @@ from contextledger.store.distributed import Citus
 from contextledger.store.dsn import asyncpg_dsn, connect_timeout, redact
 from contextledger.store.errors import translate, translated
 from contextledger.store.lineage import Lineage, segments
+from contextledger.store.pipelined import PoolerConnection
 from contextledger.store.postgres.appends import Appends
 from contextledger.store.postgres.connections import _SEARCH_CONNECTION, _keep_session
 from contextledger.store.postgres.reads import Reads
@@ -88,9 +89,14 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         keyring: KeyRing | None = None,
         tenant: str = "local",
         citus: Citus | None = None,
+        pgbouncer: bool = False,
     ) -> None:
         self._pool = pool
         self.citus = citus  # the Citus the store found at start (None: plain PostgreSQL)
+        #: Appends call the server's functions (migration 0014), as on Citus: behind a
+        #: transaction-mode pooler a statement is parsed and planned at every run (no
+        #: named prepared statements), a function's plans are kept by the server session.
+        self._call_appends = citus is not None or pgbouncer
         #: KEKs that wrap new sessions' data keys; the tenant binds them (sealing.py).
         self._keyring = keyring
         self._tenant = tenant
@@ -141,18 +147,20 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         pgbouncer: bool = False,
         keyring: KeyRing | None = None,
     ) -> PostgresStore:
-        """``tenant`` scopes every transaction to that tenant's rows: ``set_config(
-        'contextledger.tenant', tenant, true)`` at its start (``store/scoped.py``; the
-        row-level security key, and the default of every ``tenant_id`` column), never a
-        startup parameter, and a tenant connection whose role row-level security would
-        not hold (superuser, BYPASSRLS, a member of the tables' owner) is refused.
+        """``tenant`` scopes every transaction to that tenant's rows: ``SET LOCAL
+        contextledger.tenant`` at its start, or ``set_config(..., true)`` sent in front of
+        a lone statement (``store/scoped.py``; the row-level security key, and the
+        default of every ``tenant_id`` column), never a startup parameter, and a tenant
+        connection whose role row-level security would not hold (superuser, BYPASSRLS, a
+        member of the tables' owner) is refused.
         ``role`` makes the connections act as that database role (a startup parameter:
         not behind PgBouncer, where the DSN logs in as the role itself).
 
         ``pgbouncer``: the server is reached through PgBouncer in transaction mode:
         asyncpg's statement cache is off (``statement_cache_size=0``: named prepared
-        statements do not survive a server connection change) and no setting travels
-        as a startup parameter (the search pool's go into each transaction).
+        statements do not survive a server connection change; each statement's types are
+        kept instead, ``store/pipelined.py``) and no setting travels as a startup
+        parameter (the search pool's go into each transaction).
         """
         settings: dict[str, str] = {} if pgbouncer else {"application_name": "contextledger"}
         if role is not None:
@@ -178,6 +186,8 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             options["timeout"] = search_options["timeout"] = timeout
         if pgbouncer:
             options["statement_cache_size"] = search_options["statement_cache_size"] = 0
+            # each statement described once per connection, then one round trip a run
+            options["connection_class"] = search_options["connection_class"] = PoolerConnection
         if tenant is not None:
             options.update(
                 connection_class=TenantConnection,
@@ -239,6 +249,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             keyring=keyring,
             tenant=tenant or "local",
             citus=citus,
+            pgbouncer=pgbouncer,
         )
 
     @translated
