@@ -36,7 +36,10 @@ async def sealed(request: pytest.FixtureRequest) -> AsyncIterator[Ledger]:
 
 async def _write_markers(ledger: Ledger, session_id: str, marker: str) -> Any:
     """Markers in every place content goes: messages (one, a batch, a replacement), a
-    summary, a compaction's pruned text; and a checkpoint around them."""
+    summary, a compaction's pruned text; and a checkpoint around them. Each is followed
+    by a hyphen, which base64 never holds: a check for ``marker + "-"`` in sealed data
+    cannot be met by chance by its ciphertext (a bare three-letter marker was, now and
+    then)."""
     s = await ledger.session(session_id, model="gpt-4o")
     await s.add_message({"role": "system", "content": f"system {marker}-sys"})
     await s.add_message({"role": "user", "content": f"hello {marker}-one"})
@@ -62,8 +65,8 @@ async def test_sealed_session_reads_back_and_stores_no_plaintext(sealed: Ledger)
     assert await reopened.get_messages() == got
     assert (await reopened.refresh()).sealed
     stored = [e async for e in sealed.store.stored_events("alpha")]
-    assert not any("MRK" in str(e.data) for e in stored)  # the stored form is sealed
-    assert any("MRK" in str(e.payload.to_data()) for e in await _events(reopened))
+    assert not any("MRK-" in str(e.data) for e in stored)  # the stored form is sealed
+    assert any("MRK-" in str(e.payload.to_data()) for e in await _events(reopened))
     report = await sealed.verify("alpha")
     assert report.ok and report.events == len(stored)
 
@@ -94,7 +97,7 @@ async def test_erase_destroys_the_key_keeps_the_chain_and_is_audited(sealed: Led
     after = await sealed.verify("beta", anchor=anchor)
     assert after.ok and after.events == before.events
     stored = [e async for e in sealed.store.stored_events("beta")]
-    assert not any("MRK" in str(e.payload.to_data()) for e in stored)
+    assert not any("MRK-" in str(e.payload.to_data()) for e in stored)
     for read in (
         lambda: sealed.session("beta"),
         lambda: sealed.session("beta", create=False),
@@ -399,7 +402,7 @@ async def test_a_sealed_session_exports_in_clear_and_imports_sealed_afresh(
         assert await copy.get_messages() == messages
         assert (await copy.refresh()).sealed and (await ledger.verify("copy")).ok
         stored = [e async for e in ledger.store.stored_events("copy")]
-        assert result.events == len(stored) and not any("EXP" in str(e.data) for e in stored)
+        assert result.events == len(stored) and not any("EXP-" in str(e.data) for e in stored)
     async with Ledger.open("memory://", keyring=None) as plain:  # into a ledger in clear
         await import_lines(plain, lines)
         assert await (await plain.session("src", create=False)).get_messages() == messages
@@ -441,7 +444,7 @@ async def test_a_sealed_session_forks_and_the_fork_is_erased_with_it(sealed: Led
     await grand.add_message({"role": "user", "content": "grand says GRANDMRK"})
     assert "FORKMRK-own" in str(await grand.get_messages())
     stored = [e async for e in sealed.store.stored_events("root-f")]
-    assert not any("MRK" in str(e.data) for e in stored)  # its own part is sealed too
+    assert not any("MRK-" in str(e.data) for e in stored)  # its own part is sealed too
     assert (await sealed.verify("root-f-f")).ok
     other = await sealed.session("other-root")
     await other.add_message({"role": "user", "content": "stays"})
@@ -458,7 +461,7 @@ async def test_a_sealed_session_forks_and_the_fork_is_erased_with_it(sealed: Led
             await sealed.session(sid, create=False)
         assert (await sealed.verify(sid)).ok  # the chains hash what is stored
         stored = [e async for e in sealed.store.stored_events(sid)]
-        assert not any("MRK" in str(e.payload.to_data()) for e in stored)
+        assert not any("MRK-" in str(e.payload.to_data()) for e in stored)
     with pytest.raises(SessionErased):
         await fork.get_messages()
     with pytest.raises(SessionErased):
