@@ -28,6 +28,7 @@ from contextledger.store.postgres.statements import (
     READ_VIEW,
     VIEW_COLUMNS,
     S,
+    _erased,
     _event,
     _is_result,
     _item,
@@ -56,19 +57,28 @@ class Reads(Lineages):
         A fork's is cut from its whole view (``read_view``, O(view))."""
         if await self._lineage(session_id):
             return await super().read_view_tail(session_id, max_tokens)
-        sealer = await self._sealer(session_id, fresh=True)
         async with (
             self._pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
             row = await conn.fetchrow(
-                f"SELECT head, view_tokens, view_gen, view_base FROM {S}.sessions"
-                " WHERE session_id = $1",
+                f"SELECT head, view_tokens, view_gen, view_base, last_hash, erased_at"
+                f" FROM {S}.sessions WHERE session_id = $1",
                 session_id,
             )
             if row is None:
                 raise SessionNotFound.for_session(session_id)
-            head, total, gen, base = row
+            head, total, gen, base = row[0], row[1], row[2], row[3]
+            # The data key as of this snapshot: an erasure sets ``erased_at`` with the
+            # key's destruction, so the row says it; the key kept here serves while the
+            # chain is the one this store last saw (another writer's head, or a session
+            # purged and made again under the id, asks for the key again).
+            if row[5] is not None:
+                self._forget(session_id)
+                raise _erased(session_id)
+            if self._heads.get(session_id) != (head, row[4]):
+                self._sealers.pop(session_id, None)
+            sealer = await self._sealer(session_id, conn=conn)
             got: list[ViewItem] = []  # newest first
             size = 0
 
