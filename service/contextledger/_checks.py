@@ -7,6 +7,7 @@ leaves the ledger untouched.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +35,30 @@ def check_text(value: Any, name: str, *, limit: int = 200) -> str:
 
 def check_session_id(session_id: Any) -> str:
     return check_text(session_id, "session_id", limit=MAX_SESSION_ID)
+
+
+#: Format characters that reorder what follows them on screen (bidirectional overrides
+#: and isolates, the implicit marks): in an id they make one session read as another in
+#: a table, a log line or the audit page ("Trojan Source").
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def check_new_session_id(session_id: Any) -> str:
+    """``check_session_id`` for an id a session is created under: also no control
+    characters (a newline splits a log line, an escape sequence drives a terminal) and
+    no bidirectional controls. Only new ids: one already in a ledger stays reachable."""
+    value = check_session_id(session_id)
+    bad = next(
+        (c for c in value if unicodedata.category(c) == "Cc" or c in _BIDI),
+        None,
+    )
+    if bad is not None:
+        raise InvalidArgument(
+            f"session_id must not contain control or bidirectional characters"
+            f" (found U+{ord(bad):04X})",
+            field="session_id",
+        )
+    return value
 
 
 def check_key(key: Any) -> str | None:

@@ -17,7 +17,12 @@ from typing import Any
 import structlog
 
 from contextledger import telemetry
-from contextledger._checks import check_mapping, check_session_id, check_text
+from contextledger._checks import (
+    check_mapping,
+    check_new_session_id,
+    check_session_id,
+    check_text,
+)
 from contextledger.appends import utc_now
 from contextledger.core.chain import Anchor, VerifyReport
 from contextledger.core.config import REDACTED, ContextConfig
@@ -341,6 +346,7 @@ class Ledger:
         except SessionNotFound:
             if not create:
                 raise
+            check_new_session_id(session_id)
             effective = passed or self.config
             try:
                 info = await self.store.create_session(
@@ -384,7 +390,7 @@ class Ledger:
         """
         self.check_open()
         check_session_id(source_id)
-        check_session_id(new_id)
+        check_new_session_id(new_id)
         meta = check_mapping(metadata, "metadata") if metadata is not None else None
         info = await self.store.session_info(source_id)
         seq = await fork_seq(at, lambda: self.store.checkpoints(source_id), source_id, info.head)

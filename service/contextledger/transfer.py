@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from contextledger._checks import check_new_session_id
 from contextledger.core.chain import GENESIS_HASH, rehash, timestamp
 from contextledger.core.events import Event, SessionCreated, decode
 from contextledger.errors import ContextLedgerError, InvalidImport, SessionExists, SessionNotFound
@@ -158,7 +159,7 @@ async def import_events(
     """Write checked ``events`` (from ``parse_export``) as a new session (``session_id``,
     default the exported one); ``SessionExists`` if that id is taken, nothing written."""
     source = events[0].session_id
-    target = session_id or source
+    target = check_new_session_id(session_id or source)
     try:
         await ledger.store.session_info(target)
     except SessionNotFound:

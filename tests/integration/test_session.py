@@ -605,3 +605,35 @@ async def test_branch_seq_reads_the_branch_the_events_fold_to(ledger: Ledger) ->
     ]
     with pytest.raises(InvalidArgument):
         await session.branch_seq(-1)
+
+
+@pytest.mark.parametrize(
+    "bad", ["line\nbreak", "esc\x1b[31mred", "tab\there", "admin\u202egnp.exe", "a\u2066b"]
+)
+async def test_a_new_session_id_holds_no_control_or_bidi_character(
+    ledger: Ledger, bad: str
+) -> None:
+    """Such an id makes one session read as another in a table, a log line or the audit
+    page; refused where a session is created (open, fork, import), nothing written. An id
+    already in a ledger (written before the rule) stays reachable."""
+    from contextledger.appends import utc_now
+    from contextledger.core.events import SessionCreated
+    from contextledger.transfer import export_lines, import_lines
+
+    before = [i.session_id for i in await ledger.sessions()]
+    with pytest.raises(InvalidArgument, match="control or bidirectional"):
+        await ledger.session(bad)
+    source = await ledger.session("clean-source")
+    await source.add_message({"role": "user", "content": "hi"})
+    with pytest.raises(InvalidArgument, match="control or bidirectional"):
+        await ledger.fork("clean-source", bad)
+    lines = [line async for line in export_lines(ledger, "clean-source")]
+    with pytest.raises(InvalidArgument, match="control or bidirectional"):
+        await import_lines(ledger, lines, session_id=bad)
+    assert [i.session_id for i in await ledger.sessions()] == [*before, "clean-source"]
+    await ledger.store.create_session(  # as a ledger written before the rule holds it
+        bad, SessionCreated(None, {}, {}), created_at=utc_now()
+    )
+    old = await ledger.session(bad)
+    await old.add_message({"role": "user", "content": "still reachable"})
+    assert (await ledger.session(bad, create=False)).head == 2
