@@ -9,10 +9,12 @@ Alembic migrated once.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,32 @@ def _server() -> tuple[str, int]:
 PG_HOST, PG_PORT = _server()
 
 
+@contextmanager
+def one_migration_at_a_time(port: int) -> Iterator[None]:
+    """Hold the server's migration lock (a file lock, across processes). The migrations
+    create and alter the cluster-wide service role, and two transactions altering it at
+    once fail ("tuple concurrently updated"): parallel workers (pytest-xdist) on one
+    server (``CONTEXTLEDGER_TEST_PG``) migrate their templates and scratch databases
+    one at a time."""
+    with open(Path(tempfile.gettempdir()) / f"contextledger-migrate-{port}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+@pytest.fixture
+def serial_migrations(pg_dsn: str) -> Iterator[None]:
+    """For a test that migrates or downgrades a database on the server (after its own
+    database's template is migrated: that takes the lock too)."""
+    with one_migration_at_a_time(PG_PORT):
+        yield
+
+
 def _migrate(host: str, port: int, user: str, dbname: str, password: str | None, **_: Any) -> None:
+    with one_migration_at_a_time(port):
+        _upgrade(host, port, user, dbname, password)
+
+
+def _upgrade(host: str, port: int, user: str, dbname: str, password: str | None) -> None:
     url = sqlalchemy.engine.URL.create(
         "postgresql+psycopg",
         username=user,
@@ -133,11 +160,13 @@ _SLOW_FILES = frozenset(
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark what lives here ``integration``; ``pg`` what uses the PostgreSQL under test
     (from its fixtures, or the ``ledger`` fixture's ``postgres`` variant: the ``memory``
     variants never touch it), so a second pass on another server takes ``-m pg``; and
-    ``slow`` what takes seconds."""
+    ``slow`` what takes seconds. Under pytest-xdist (``--dist loadgroup``) the fault
+    suite is one group: one worker runs it in order on its one throwaway server."""
     here = Path(__file__).parent
     for item in items:
         if here not in item.path.parents:
@@ -150,6 +179,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.pg)
         if item.path.name in _SLOW_FILES or "faults" in item.path.parts:
             item.add_marker(pytest.mark.slow)
+        if "faults" in item.path.parts:
+            item.add_marker(pytest.mark.xdist_group("faults"))
 
 
 @pytest_asyncio.fixture

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
 import pytest_asyncio
 import structlog
 
@@ -398,6 +399,7 @@ async def test_odd_headers_get_their_meaning_or_a_clear_refusal(svc: Running) ->
     assert [e["seq"] for e in (await c.get("/v1/sessions/hd/events")).json()["items"]] == [1, 2]
 
 
+@pytest.mark.usefixtures("serial_migrations")
 async def test_readyz_says_why_it_is_not_ready(pg_dsn: str) -> None:
     from alembic import command
 
