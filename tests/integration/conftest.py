@@ -160,13 +160,11 @@ _SLOW_FILES = frozenset(
 )
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark what lives here ``integration``; ``pg`` what uses the PostgreSQL under test
     (from its fixtures, or the ``ledger`` fixture's ``postgres`` variant: the ``memory``
     variants never touch it), so a second pass on another server takes ``-m pg``; and
-    ``slow`` what takes seconds. Under pytest-xdist (``--dist loadgroup``) the fault
-    suite is one group: one worker runs it in order on its one throwaway server."""
+    ``slow`` what takes seconds."""
     here = Path(__file__).parent
     for item in items:
         if here not in item.path.parents:
@@ -179,8 +177,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.pg)
         if item.path.name in _SLOW_FILES or "faults" in item.path.parts:
             item.add_marker(pytest.mark.slow)
-        if "faults" in item.path.parts:
-            item.add_marker(pytest.mark.xdist_group("faults"))
 
 
 @pytest_asyncio.fixture
