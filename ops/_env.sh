@@ -4,6 +4,12 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export LITELLM_LOCAL_MODEL_COST_MAP=True HF_HUB_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+STAMP=.venv/.contextledger-installed
+# The fast path (every ops/test of one file pays it): installed, and pyproject.toml not
+# touched since the install was last checked. Otherwise the checks below (~0.3 s).
+if [ -x .venv/bin/python ] && [ -s "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ]; then
+  return 0
+fi
 PY=""
 for candidate in python3.13 python3.12 python3.11 python3; do
   if command -v "$candidate" >/dev/null 2>&1 &&
@@ -16,7 +22,6 @@ if [ ! -x .venv/bin/python ]; then
   echo "· creating .venv with $($PY --version)" >&2
   "$PY" -m venv .venv
 fi
-STAMP=.venv/.contextledger-installed
 # what pip installs depends on [project] and [build-system] only: editing the tools'
 # settings (pytest, ruff, mypy) must not cost a reinstall
 WANT="$("$PY" -c 'import hashlib, json, tomllib
@@ -28,3 +33,4 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   .venv/bin/python -m pip install -q -e ".[all,test]" >&2
   echo "$WANT" > "$STAMP"
 fi
+touch "$STAMP"  # checked against this pyproject.toml: the fast path above until it changes

@@ -9,10 +9,12 @@ Alembic migrated once.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,32 @@ def _server() -> tuple[str, int]:
 PG_HOST, PG_PORT = _server()
 
 
+@contextmanager
+def one_migration_at_a_time(port: int) -> Iterator[None]:
+    """Hold the server's migration lock (a file lock, across processes). The migrations
+    create and alter the cluster-wide service role, and two transactions altering it at
+    once fail ("tuple concurrently updated"): parallel workers (pytest-xdist) on one
+    server (``CONTEXTLEDGER_TEST_PG``) migrate their templates and scratch databases
+    one at a time."""
+    with open(Path(tempfile.gettempdir()) / f"contextledger-migrate-{port}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+@pytest.fixture
+def serial_migrations(pg_dsn: str) -> Iterator[None]:
+    """For a test that migrates or downgrades a database on the server (after its own
+    database's template is migrated: that takes the lock too)."""
+    with one_migration_at_a_time(PG_PORT):
+        yield
+
+
 def _migrate(host: str, port: int, user: str, dbname: str, password: str | None, **_: Any) -> None:
+    with one_migration_at_a_time(port):
+        _upgrade(host, port, user, dbname, password)
+
+
+def _upgrade(host: str, port: int, user: str, dbname: str, password: str | None) -> None:
     url = sqlalchemy.engine.URL.create(
         "postgresql+psycopg",
         username=user,

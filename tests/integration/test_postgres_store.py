@@ -8,6 +8,7 @@ import signal
 import sys
 import textwrap
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -174,10 +175,12 @@ async def test_purge_is_the_one_audited_way_out(pg_ledger: Ledger, pg_dsn: str) 
     assert [tuple(r) for r in rows] == [("gdpr", "user request #42", 2)]
 
 
+@pytest.mark.usefixtures("serial_migrations")
 async def test_unmigrated_database_gives_a_clear_error(postgresql: Any, pg_dsn: str) -> None:
     postgresql.autocommit = True
-    postgresql.execute("CREATE DATABASE cl_empty")
-    empty = pg_dsn.replace(f"/{postgresql.info.dbname}?", "/cl_empty?")
+    name = f"cl_empty_{uuid.uuid4().hex[:8]}"  # parallel runs on one server: its own
+    postgresql.execute(f"CREATE DATABASE {name}")
+    empty = pg_dsn.replace(f"/{postgresql.info.dbname}?", f"/{name}?")
     try:
         with pytest.raises(MigrationRequired, match="contextledger migrate"):
             await Ledger.open(empty)
@@ -185,7 +188,7 @@ async def test_unmigrated_database_gives_a_clear_error(postgresql: Any, pg_dsn: 
             session = await ledger.session("fresh")
             assert await session.add_message({"role": "user", "content": "hi"}) == 2
     finally:
-        postgresql.execute("DROP DATABASE cl_empty WITH (FORCE)")
+        postgresql.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 async def test_killing_a_writer_mid_append_leaves_no_partial_event(pg_dsn: str) -> None:

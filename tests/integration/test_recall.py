@@ -210,6 +210,7 @@ async def _old_session(dsn: str) -> None:
         await conn.close()
 
 
+@pytest.mark.usefixtures("serial_migrations")
 async def test_migration_0003_backfills_existing_events(pg_dsn: str) -> None:
     async with scratch_database() as dsn:
         await upgrade(dsn, "0002_view_generations")
@@ -614,6 +615,7 @@ async def test_the_search_reads_postings_bounded_by_the_query_not_the_history(
     assert DEEP_LIMIT <= reads[1] <= 2 * (PER_TERM + DEEP_LIMIT) + 2
 
 
+@pytest.mark.usefixtures("serial_migrations")
 async def test_the_postings_migration_moves_the_vectors_and_downgrades(pg_dsn: str) -> None:
     """0010 moves 0006's vectors into postings (no message parsed again) and drops the GIN
     index and its functions; a downgrade restores 0009's schema, and upgrading again
@@ -657,6 +659,7 @@ async def test_the_postings_migration_moves_the_vectors_and_downgrades(pg_dsn: s
             assert any("18443" in b for b in recall_blocks(request))
 
 
+@pytest.mark.usefixtures("serial_migrations")
 async def test_a_postings_length_is_the_message_in_tokens_and_0015_sets_the_old_rows(
     pg_dsn: str,
 ) -> None:
@@ -690,6 +693,7 @@ async def test_a_postings_length_is_the_message_in_tokens_and_0015_sets_the_old_
             await conn.close()
 
 
+@pytest.mark.usefixtures("serial_migrations")
 async def test_the_search_reads_each_match_by_its_key(pg_dsn: str) -> None:
     """The matches' messages are read by primary key, the seq an index condition: as a
     join the generic plan scanned all the session's events for each match (44 of a 45 ms
@@ -730,6 +734,7 @@ async def test_a_purge_removes_the_vectors(pg_ledger: Ledger, pg_dsn: str) -> No
     assert await indexed(pg_dsn, "r") == []
 
 
+@pytest.mark.usefixtures("serial_migrations")
 async def test_migration_0006_moves_the_vectors_and_downgrades(pg_dsn: str) -> None:
     from alembic import command
 
@@ -763,6 +768,7 @@ async def test_migration_0006_moves_the_vectors_and_downgrades(pg_dsn: str) -> N
             await conn.close()
 
 
+@pytest.mark.usefixtures("serial_migrations")
 async def test_an_application_role_with_table_grants_recalls_under_row_level_security(
     pg_dsn: str,
 ) -> None:

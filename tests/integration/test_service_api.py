@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
 import pytest_asyncio
 import structlog
 
@@ -234,7 +235,9 @@ async def test_event_streams_of_one_session_share_one_poll(svc: Running) -> None
     loop = asyncio.get_running_loop()
     started = loop.time()
     readers = [asyncio.create_task(tail(mine)) for mine in seen]
-    await asyncio.sleep(2.0)
+    async with asyncio.timeout(10):  # every tail has its catch-up: each is watching
+        while any(len(mine) < 2 for mine in seen):  # noqa: ASYNC110 (readers fill them)
+            await asyncio.sleep(0.02)
     assert len(svc.app.state.watches) == 1
     await c.post("/v1/sessions/w/messages", json={"message": user("live")})
     await asyncio.wait_for(asyncio.gather(*readers), 10)
@@ -402,6 +405,7 @@ async def test_odd_headers_get_their_meaning_or_a_clear_refusal(svc: Running) ->
     assert [e["seq"] for e in (await c.get("/v1/sessions/hd/events")).json()["items"]] == [1, 2]
 
 
+@pytest.mark.usefixtures("serial_migrations")
 async def test_readyz_says_why_it_is_not_ready(pg_dsn: str) -> None:
     from alembic import command
 

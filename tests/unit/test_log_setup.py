@@ -24,6 +24,10 @@ def restore_logging() -> Iterator[None]:
         for name in LITELLM_LOGGERS
         for lg in [logging.getLogger(name)]
     }
+    # structlog's own configuration too (the library's stdlib defaults from its import):
+    # reset to structlog's defaults instead, later tests in this process (another file
+    # under pytest-xdist) printed to stdout where their caplog saw nothing
+    saved_structlog = structlog.get_config() if structlog.is_configured() else None
     yield
     root.handlers[:] = saved_root[0]
     root.setLevel(saved_root[1])
@@ -33,6 +37,8 @@ def restore_logging() -> Iterator[None]:
         lg.setLevel(level)
         lg.propagate = propagate
     structlog.reset_defaults()
+    if saved_structlog is not None:
+        structlog.configure(**saved_structlog)
     structlog.contextvars.clear_contextvars()
 
 

