@@ -28,7 +28,7 @@ from contextledger.core.projection import fold
 from contextledger.store.dsn import asyncpg_dsn
 from contextledger.store.sealing import KeyRing
 from tests.integration.conftest import dsn_for
-from tests.integration.test_projection_property import op
+from tests.integration.test_projection_property import apply_op, op
 from tests.integration.test_recall import FACT, QUESTION, chatter, recall_blocks
 
 _ids = itertools.count()
@@ -243,27 +243,7 @@ async def test_a_tampered_parent_prefix_fails_the_forks_verify(
 
 async def apply_ops(session: Session, ops: list[Any]) -> None:
     for step in ops:
-        kind = step[0]
-        if kind == "append":
-            await session.add_message(step[1], critical=step[2])
-        elif kind == "replace":
-            await session.set_messages(step[1])
-        elif kind == "clear":
-            await session.clear()
-        elif kind == "checkpoint":
-            await session.checkpoint(step[1])
-        elif kind == "rollback":
-            await session.rollback(1 + int(step[1] * (session.head - 1)))
-        elif kind == "summary":
-            view = await session.view_items()
-            seqs = sorted({i.position for i in view})
-            if seqs:
-                a, b = sorted(
-                    (seqs[int(step[1] * (len(seqs) - 1))], seqs[int(step[2] * (len(seqs) - 1))])
-                )
-                covered = [n for n, i in enumerate(view) if a <= i.position <= b]
-                if covered[-1] - covered[0] + 1 == len(covered):
-                    await session.record_summary(a, b, f"summary of {a}..{b}")
+        await apply_op(session, step)
 
 
 async def check(ledger: Ledger, session: Session) -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contextledger import InvalidArgument, Ledger
+from contextledger import InvalidArgument, Ledger, Session
 from contextledger.core.projection import fold
 
 _ids = itertools.count()
@@ -33,35 +33,41 @@ op = st.one_of(
 )
 
 
+async def apply_op(session: Session, step: Any) -> None:
+    """One generated operation (``op``) on ``session``; a summary whose range would
+    reorder the view is refused and writes nothing."""
+    kind = step[0]
+    if kind == "append":
+        await session.add_message(step[1], critical=step[2])
+    elif kind == "replace":
+        await session.set_messages(step[1])
+    elif kind == "clear":
+        await session.clear()
+    elif kind == "checkpoint":
+        await session.checkpoint(step[1])
+    elif kind == "rollback":
+        await session.rollback(1 + int(step[1] * (session.head - 1)))
+    elif kind == "summary":
+        view = await session.view_items()
+        seqs = sorted({i.position for i in view})
+        if seqs:
+            a, b = sorted(
+                (seqs[int(step[1] * (len(seqs) - 1))], seqs[int(step[2] * (len(seqs) - 1))])
+            )
+            covered = [n for n, i in enumerate(view) if a <= i.position <= b]
+            if covered[-1] - covered[0] + 1 == len(covered):
+                await session.record_summary(a, b, f"summary of {a}..{b}")
+            else:  # a range that would reorder the view is refused, nothing written
+                head = session.head
+                with pytest.raises(InvalidArgument, match="contiguous"):
+                    await session.record_summary(a, b, "reordering summary")
+                assert session.head == head
+
+
 async def run(ledger: Ledger, ops: list[Any]) -> None:
     session = await ledger.session(f"prop-{next(_ids)}")
     for step in ops:
-        kind = step[0]
-        if kind == "append":
-            await session.add_message(step[1], critical=step[2])
-        elif kind == "replace":
-            await session.set_messages(step[1])
-        elif kind == "clear":
-            await session.clear()
-        elif kind == "checkpoint":
-            await session.checkpoint(step[1])
-        elif kind == "rollback":
-            await session.rollback(1 + int(step[1] * (session.head - 1)))
-        elif kind == "summary":
-            view = await session.view_items()
-            seqs = sorted({i.position for i in view})
-            if seqs:
-                a, b = sorted(
-                    (seqs[int(step[1] * (len(seqs) - 1))], seqs[int(step[2] * (len(seqs) - 1))])
-                )
-                covered = [n for n, i in enumerate(view) if a <= i.position <= b]
-                if covered[-1] - covered[0] + 1 == len(covered):
-                    await session.record_summary(a, b, f"summary of {a}..{b}")
-                else:  # a range that would reorder the view is refused, nothing written
-                    head = session.head
-                    with pytest.raises(InvalidArgument, match="contiguous"):
-                        await session.record_summary(a, b, "reordering summary")
-                    assert session.head == head
+        await apply_op(session, step)
     events = [e async for e in session.events()]
     assert [e.seq for e in events] == list(range(1, session.head + 1))
     folded = fold(events)
