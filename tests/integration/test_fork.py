@@ -359,3 +359,19 @@ async def test_a_sealed_lineage_reads_as_its_events_fold(
     await apply_ops(grand, grand_after)
     for s in (parent, fork, grand):
         await check(sealed, s)
+
+
+async def test_a_fork_purged_and_made_again_elsewhere_reads_as_it_is_now(pg_dsn: str) -> None:
+    """This process remembers a fork's ancestry; another purges the fork and makes a plain
+    session under its id: this process's view read is the new session's, not the new
+    events stitched onto the old parent's prefix."""
+    async with Ledger.open(pg_dsn) as one, Ledger.open(pg_dsn) as two:
+        parent = await one.session("lp")
+        await parent.add_message({"role": "user", "content": "the parent's text"})
+        await one.fork("lp", "lx")
+        assert "the parent's text" in str(await one.store.read_view("lx"))
+        assert await two.store.purge("lx", "test") == 3  # type: ignore[attr-defined]
+        again = await two.session("lx")
+        await again.add_message({"role": "user", "content": "a new lx"})
+        view = await one.store.read_view("lx")
+        assert [i.message["content"] for i in view] == ["a new lx"]

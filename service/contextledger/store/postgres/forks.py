@@ -25,7 +25,7 @@ from contextledger.core.encoding import dumps
 from contextledger.core.events import Event, SessionForked
 from contextledger.core.projection import fold
 from contextledger.core.view import ViewItem
-from contextledger.errors import SeqOutOfRange, SessionExists, SessionNotFound
+from contextledger.errors import ConcurrencyError, SeqOutOfRange, SessionExists, SessionNotFound
 from contextledger.store.base import SessionInfo
 from contextledger.store.errors import translated
 from contextledger.store.lineage import Lineage, owner_of, segments
@@ -51,6 +51,12 @@ SELECT $1, gen, ord, seq, part, kind, message, tokens, critical FROM {S}.view_it
 COPY_BRANCH_ROWS = f"""
 INSERT INTO {S}.branch_items (session_id, ord, seq, part)
 SELECT $1, ord, seq, part FROM {S}.branch_items WHERE session_id = $2"""
+
+
+class StaleLineage(ConcurrencyError):
+    """A fork's remembered ancestry is not the session's any more (purged and made
+    again under its id elsewhere): forgotten here, so a read reads it again, and a
+    write in flight fails typed and retryable (a retry finds the session as it is)."""
 
 
 class Lineages(ChainTips):
@@ -137,6 +143,15 @@ class Lineages(ChainTips):
         rows = await db.fetch(READ_FORK_VIEW, session_id)
         if not rows:
             raise SessionNotFound.for_session(session_id)
+        if (rows[0][4], rows[0][5]) != (lineage[-1][0], min(lineage[-1][1], 2**31 - 1)):
+            # not the fork this store remembers: the session was purged and made again
+            # under the id (by another process); its ancestry is read afresh
+            self._lineages.pop(session_id, None)
+            raise StaleLineage(
+                f"session {session_id!r} was made again under its id since this process"
+                " read its ancestry; try again",
+                session_id=session_id,
+            )
         base = rows[0][1]
         items = [_item(r, own) for r in rows[1:]]
         older: list[ViewItem] = []

@@ -17,7 +17,7 @@ from contextledger.store.base import (
 )
 from contextledger.store.errors import translated, translated_iter
 from contextledger.store.lineage import segments
-from contextledger.store.postgres.forks import Lineages
+from contextledger.store.postgres.forks import Lineages, StaleLineage
 from contextledger.store.postgres.statements import (
     _TAIL_ROW,
     BRANCH_SEQ,
@@ -43,7 +43,10 @@ class Reads(Lineages):
     async def read_view(self, session_id: str) -> tuple[ViewItem, ...]:
         lineage = await self._lineage(session_id)
         if lineage:
-            return await self._fork_view(self._pool, session_id, lineage)
+            try:
+                return await self._fork_view(self._pool, session_id, lineage)
+            except StaleLineage:  # made again elsewhere: read as it is now
+                return await self.read_view(session_id)
         sealer = await self._sealer(session_id, fresh=True)
         rows = await self._pool.fetch(READ_VIEW, session_id)
         if not rows:

@@ -148,11 +148,13 @@ SELECT {_TAIL_ROW} FROM {S}.events e
  WHERE e.session_id = $1 AND e.seq BETWEEN $2 AND $3 AND e.type = 'message.appended'
  ORDER BY e.seq"""
 #: A fork's own part of its view in one statement (one snapshot): a first row with its
-#: watermark and head, then its materialized rows and its own message events after the
-#: watermark. The ancestors' messages between the watermark and the fork point are
-#: append-only, so they are read after it, by each ancestor's id, with no transaction.
+#: watermark, head and parent (seq capped to the column: compared, never used), then its
+#: materialized rows and its own message events after the watermark. The ancestors'
+#: messages between the watermark and the fork point are append-only, so they are read
+#: after it, by each ancestor's id, with no transaction.
 READ_FORK_VIEW = f"""
-SELECT -1::bigint, view_base, head, 'watermark', NULL::text, 0, false FROM {S}.sessions
+SELECT -1::bigint, view_base, head, 'watermark', parent_session_id,
+       least(parent_seq, 2147483647)::int, false FROM {S}.sessions
  WHERE session_id = $1
 UNION ALL
 SELECT {VIEW_COLUMNS} FROM {S}.view_items
