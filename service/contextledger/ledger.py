@@ -506,36 +506,9 @@ class Ledger:
         reason = check_text(reason, "reason", limit=1000).strip()
         if actor is not None:
             check_text(actor, "actor")
-        forks = await self.forks_of(session_id)  # nearest first: the receipts' order
-        receipt = await self.store.erase(session_id, reason, actor=actor)
-        # the forks erased with it, in the same transaction, by their audit records' reason
-        # (the list above may miss a fork made while the erasure ran: the store did not)
-        why = f"{reason} (a fork of {session_id!r}, erased with it)"
-        taken = [
-            e
-            for e in await self.store.erasures()
-            if e.reason == why and e.erased_at >= receipt.erased_at and e.session_id != session_id
-        ]
-        rank = {f: n for n, f in enumerate(forks)}
-        taken.sort(key=lambda e: (rank.get(e.session_id, len(rank)), e.session_id))
-        log.info("session_erased", session_id=session_id, forks=len(taken))
-        return [receipt, *taken]
-
-    async def forks_of(self, session_id: str) -> list[str]:
-        """The sessions forked from ``session_id`` (and from those, transitively), by the
-        index on the parent column, nearest first."""
-        found: list[str] = []
-        level = [session_id]
-        while level:
-            children: list[str] = []
-            for sid in level:
-                try:
-                    children += await self.store.forks(sid)
-                except (SessionNotFound, SessionErased):  # gone, with no fork on it
-                    continue
-            found += children
-            level = children
-        return found
+        receipts = await self.store.erase(session_id, reason, actor=actor)
+        log.info("session_erased", session_id=session_id, forks=len(receipts) - 1)
+        return receipts
 
     async def erasures(self) -> list[Erasure]:
         """Every erasure's audit record, oldest first."""

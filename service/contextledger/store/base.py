@@ -399,10 +399,14 @@ class Store(abc.ABC):
         """``(open, idle)`` database connections of this store (None: it has none)."""
         return None
 
-    async def erase(self, session_id: str, reason: str, *, actor: str | None = None) -> Erasure:
+    async def erase(
+        self, session_id: str, reason: str, *, actor: str | None = None
+    ) -> list[Erasure]:
         """Destroy the session's data key and every derived plaintext copy (view rows,
         search postings, embeddings, caches); record who erased it, when and why. The
-        events stay, sealed, so ``verify`` passes; reads raise ``SessionErased``.
+        events stay, sealed, so ``verify`` passes; reads raise ``SessionErased``. The
+        forks standing on it go with it, at once (their prefix is its content). Returns
+        the audit records: the session's, then its forks', nearest first.
         ``SessionNotEncrypted`` for a session written without a data key (use ``purge``)."""
         raise NotImplementedError(f"the {self.kind} store cannot erase")
 

@@ -170,7 +170,9 @@ class MemoryStore(Store):
         self._erased: dict[str, _Stream] = {}
         self._erasures: list[Erasure] = []
 
-    async def erase(self, session_id: str, reason: str, *, actor: str | None = None) -> Erasure:
+    async def erase(
+        self, session_id: str, reason: str, *, actor: str | None = None
+    ) -> list[Erasure]:
         """As PostgreSQL's: the session and every fork standing on it (their prefix is
         its content), each with an audit row; all checked before any is erased."""
         if not reason.strip():
@@ -185,10 +187,11 @@ class MemoryStore(Store):
                     f"(`contextledger purge {sid} --reason ...`).",
                     session_id=sid,
                 )
-        receipt = self._erase_one(session_id, reason, actor)
-        for fork in forks:
-            self._erase_one(fork, f"{reason} (a fork of {session_id!r}, erased with it)", actor)
-        return receipt
+        why = f"{reason} (a fork of {session_id!r}, erased with it)"
+        return [
+            self._erase_one(session_id, reason, actor),
+            *(self._erase_one(fork, why, actor) for fork in forks),
+        ]
 
     def _descendants(self, session_id: str) -> list[str]:
         """The live forks standing on ``session_id``, theirs, and so on, nearest first."""

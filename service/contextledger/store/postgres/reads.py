@@ -214,13 +214,16 @@ class Reads(Lineages):
         page: int = 2000,
         opened: bool = True,
     ) -> AsyncIterator[Event]:
-        if opened:
-            await self._sealer(session_id, fresh=True)  # an erased session: SessionErased
+        # an erased session: SessionErased; each event is opened with the key of the
+        # session that holds it (its own, asked once here; an ancestor's, per segment)
+        own = await self._opener(session_id) if opened else None
         upper = to_seq if to_seq is not None else 2**62
         lineage = await self._lineage(session_id)
         for owner, lo, hi in segments(session_id, lineage, from_seq, upper):
-            # each event opened with the key of the session that holds it
-            sealer = await self._opener(owner) if opened else None
+            if not opened or owner == session_id:
+                sealer = own
+            else:
+                sealer = await self._opener(owner)
             cursor = lo
             while True:
                 rows = await self._pool.fetch(

@@ -487,7 +487,9 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         return self.read_events(session_id, from_seq, to_seq, opened=False)
 
     @translated
-    async def erase(self, session_id: str, reason: str, *, actor: str | None = None) -> Erasure:
+    async def erase(
+        self, session_id: str, reason: str, *, actor: str | None = None
+    ) -> list[Erasure]:
         """One transaction (``erase_session``): the data key destroyed, the derived rows
         deleted, the audit row written; and the same for every fork standing on the
         session (its prefix was this session's content, opened with the key destroyed
@@ -498,7 +500,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         async with self._lock(session_id):
             try:
                 async with self._pool.acquire() as conn, conn.transaction():
-                    row = await conn.fetchrow(_ERASE, session_id, reason, actor)
+                    rows = [await conn.fetchrow(_ERASE, session_id, reason, actor)]
                     for fork in await self.descendants(session_id, conn):
                         gone = await conn.fetchval(
                             f"SELECT erased_at FROM {S}.sessions WHERE session_id = $1", fork
@@ -507,7 +509,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
                             target = fork
                             erased.append(fork)
                             why = f"{reason} (a fork of {session_id!r}, erased with it)"
-                            await conn.fetchrow(_ERASE, fork, why, actor)
+                            rows.append(await conn.fetchrow(_ERASE, fork, why, actor))
             except asyncpg.PostgresError as exc:
                 state = getattr(exc, "sqlstate", None)
                 if state == "P0002":
@@ -524,8 +526,11 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             finally:
                 for sid in erased:
                     self._forget(sid)
-        assert row is not None
-        return Erasure(row[0], row[1], row[2], row[3], row[4], row[5], row[6], json.loads(row[7]))
+        return [
+            Erasure(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]))
+            for r in rows
+            if r is not None
+        ]
 
     @translated
     async def erasures(self) -> list[Erasure]:
