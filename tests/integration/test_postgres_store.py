@@ -486,3 +486,27 @@ async def test_a_dsn_with_libpq_connect_timeout_connects_and_keeps_it(pg_dsn: st
         assert await session.add_message({"role": "user", "content": "hi"}) == 2
         pool = ledger.store._pool  # type: ignore[attr-defined]
         assert pool._connect_kwargs["timeout"] == 7.0
+
+
+async def test_every_connection_of_the_store_runs_without_jit(pg_dsn: str) -> None:
+    """Where the server has JIT (most distributions' packages), a statement whose estimated
+    cost passes ``jit_above_cost`` is compiled first: the recall search's generic plan
+    crossed it at ~16,000 turns on PostgreSQL 15, and each search then spent ~480 ms
+    compiling ~15 ms of work. The store's connections, both pools, turn it off."""
+    plain = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        assert await plain.fetchval("SHOW jit") == "on"  # the server's default
+    finally:
+        await plain.close()
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await ledger.session("no-jit", create=True)
+        await session.add_messages(
+            [{"role": "user", "content": f"the gateway answered attempt {i}"} for i in range(40)]
+        )
+        await session.add_message({"role": "user", "content": "which gateway attempt?"})
+        await session.get_messages_for_request(token_budget=200)  # a search: its pool connects
+        store: Any = ledger.store
+        assert store._search_pool.get_size() >= 1
+        for pool in (store._pool, store._search_pool):
+            async with pool.acquire() as conn:
+                assert await conn.fetchval("SHOW jit") == "off"

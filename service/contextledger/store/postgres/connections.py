@@ -26,7 +26,19 @@ log = structlog.get_logger(__name__)
 #: The same settings for the connections kept for live searches (``connect``'s second
 #: pool), so a search is one autocommit statement: the transaction block and its SET
 #: cost three more round trips (~0.5 ms of a ~3 ms search, measured at 20,000 turns).
-_SEARCH_CONNECTION = {"synchronous_commit": "off", "plan_cache_mode": "force_generic_plan"}
+#: JIT off (``NO_JIT``), as on every connection of the store.
+_SEARCH_CONNECTION = {
+    "synchronous_commit": "off",
+    "plan_cache_mode": "force_generic_plan",
+    "jit": "off",
+}
+#: Every connection of the store runs without JIT compilation. Where the server has it
+#: (Debian's and most distributions' packages; not the embedded server), a statement whose
+#: estimated cost passes ``jit_above_cost`` is compiled first: the recall search's
+#: generic plan crossed it at ~16,000 turns and each search then spent ~480 ms compiling
+#: for ~15 ms of work (PostgreSQL 15 here). Our statements each read a session's rows by
+#: key: compilation never pays for itself.
+NO_JIT = {"jit": "off"}
 
 
 def _idempotency_violation(exc: asyncpg.UniqueViolationError) -> bool:

@@ -287,8 +287,10 @@ _COMPUTED = f"""WITH computed_vectors AS MATERIALIZED (
 #: above). A live search also forces the cached generic plan: PostgreSQL costs it above
 #: the custom ones, so it planned the statement afresh on every request (~5 ms of planning
 #: for ~2 ms of work, measured at 1,000 turns), and its shape suits every session. Not a
-#: replay's: its branch is an array parameter, which only a custom plan hashes.
-_SEARCH_SETTINGS = "SET LOCAL synchronous_commit = off"
+#: replay's: its branch is an array parameter, which only a custom plan hashes. Never
+#: JIT-compiled (``connections.NO_JIT``; behind PgBouncer the main pool's connections carry
+#: no setting of their own).
+_SEARCH_SETTINGS = "SET LOCAL synchronous_commit = off; SET LOCAL jit = off"
 _LIVE_SEARCH_SETTINGS = _SEARCH_SETTINGS + "; SET LOCAL plan_cache_mode = force_generic_plan"
 #: After the server refused the search pool a connection, live searches use the main
 #: pool for this long (seconds) instead of forking a backend per search to be refused.

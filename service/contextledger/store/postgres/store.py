@@ -42,7 +42,7 @@ from contextledger.store.errors import translate, translated
 from contextledger.store.lineage import Lineage, segments
 from contextledger.store.pipelined import PoolerConnection
 from contextledger.store.postgres.appends import Appends
-from contextledger.store.postgres.connections import _SEARCH_CONNECTION, _keep_session
+from contextledger.store.postgres.connections import _SEARCH_CONNECTION, NO_JIT, _keep_session
 from contextledger.store.postgres.reads import Reads
 from contextledger.store.postgres.search import Search
 from contextledger.store.postgres.statements import (
@@ -162,7 +162,9 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         kept instead, ``store/pipelined.py``) and no setting travels as a startup
         parameter (the search pool's go into each transaction).
         """
-        settings: dict[str, str] = {} if pgbouncer else {"application_name": "contextledger"}
+        settings: dict[str, str] = (
+            {} if pgbouncer else {"application_name": "contextledger", **NO_JIT}
+        )
         if role is not None:
             if pgbouncer:
                 raise ConfigError(
