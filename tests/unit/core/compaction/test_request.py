@@ -4,6 +4,7 @@ and the same answer whether built incrementally, from scratch or from a tail."""
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import pytest
 from hypothesis import assume, given, settings
@@ -60,8 +61,15 @@ def test_steady_turns_fill_the_budget_and_keep_a_stable_prefix(strategy: str, to
     planner = RequestPlanner(budget, config, COUNTER)
     sent: tuple[ViewItem, ...] = ()
     changes, requests = 0, 0
-    for n, item in enumerate(view):
+    # what floor_refs and tokens give for view[: n + 1], kept as the loop goes (they
+    # were recomputed from the start at every request: quadratic in the history)
+    floor: deque[tuple[int, int]] = deque(maxlen=config.keep_recent)
+    so_far = 0
+    for item in view:
         planner.push(item)
+        so_far += item.tokens
+        if item.role != "system":
+            floor.append(item.ref)
         if item.role != "assistant" or item.message.get("tool_calls"):
             continue
         out = planner.view()
@@ -69,8 +77,8 @@ def test_steady_turns_fill_the_budget_and_keep_a_stable_prefix(strategy: str, to
         assert provider_valid(m.message for m in out) == []
         assert tokens(out) <= trigger
         assert out[0] is view[0]
-        assert floor_refs(view[: n + 1], config.keep_recent) <= {i.ref for i in out}
-        if tokens(view[: n + 1]) > budget:
+        assert set(floor) <= {i.ref for i in out}
+        if so_far > budget:
             assert tokens(out) >= 0.55 * budget
         if out[: len(sent)] != sent:
             changes += 1
@@ -191,16 +199,20 @@ def _small_units(view: tuple[ViewItem, ...], budget: int) -> bool:
     return all(tokens(view[u.start : u.stop]) <= 0.05 * budget for u in group_units(view))
 
 
+_WORDS, _SYSTEM = st.integers(1, 25), st.booleans()
+_TURNS, _CALLS = st.integers(40, 90), st.integers(0, 2)
+
+
 @st.composite
 def sessions(draw: st.DrawFn) -> tuple[ViewItem, ...]:
     """Agent sessions of small units (chat turns and tool calls), long enough to compact."""
-    words = st.integers(1, 25)
+    words = _WORDS
     messages: list[dict[str, object]] = []
-    if draw(st.booleans()):
+    if draw(_SYSTEM):
         messages.append(system("rules " * draw(words)))
-    for k in range(draw(st.integers(40, 90))):
+    for k in range(draw(_TURNS)):
         messages.append(user("ask " * draw(words)))
-        for c in range(draw(st.integers(0, 2))):
+        for c in range(draw(_CALLS)):
             messages.append(openai_call([(f"c{k}_{c}", "grep")]))
             messages.append(openai_result(f"c{k}_{c}", "hit " * draw(words)))
         messages.append(assistant("say " * draw(words)))
