@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from contextledger import _model_map
 from contextledger.core import catalogue
 from contextledger.errors import ConfigError
 
@@ -105,4 +106,4 @@ def load_bpe_offline(url: str, expected_hash: str | None = None) -> dict[bytes, 
 
 
 # Core's catalogue (core never imports litellm or reads a file): installed at import.
-catalogue.install(import_litellm, load_bpe_offline)
+catalogue.install(import_litellm, load_bpe_offline, _model_map.answer)
