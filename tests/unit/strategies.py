@@ -12,6 +12,8 @@ the tail - as ``tuple[ViewItem, ...]`` with tokens counted by ``COUNTER``.
 from __future__ import annotations
 
 import functools
+import math
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -128,13 +130,39 @@ def call_batch(
 
 # Strategies are built once, here, not inside the composites: a strategy made afresh at
 # every draw is validated afresh too, which cost the property tests as much as drawing.
-_WORD = st.sampled_from(WORDS)
 _BOOL = st.booleans()
+_SEED = st.integers(0, 2**32 - 1)
 
 
 @functools.cache
 def texts(*, min_words: int = 1, max_words: int = 30) -> st.SearchStrategy[str]:
-    return st.lists(_WORD, min_size=min_words, max_size=max_words).map(" ".join)
+    """Words of :data:`WORDS`, as many as ``st.lists`` would draw on average.
+
+    Two draws a text (a length, a seed for the words) rather than two a word: drawing
+    the words one by one was most of what generating a conversation cost, and no test
+    here cares which word stands where, only how long a text is and that texts repeat.
+    Both shrink: to the shortest text, then to seed 0's words.
+    """
+    return st.builds(_words, _length(min_words, max_words), _SEED)
+
+
+def _words(count: int, seed: int) -> str:
+    return " ".join(random.Random(seed).choices(WORDS, k=count))
+
+
+def _length(low: int, high: int) -> st.SearchStrategy[int]:
+    """``low`` plus a geometric number of extra words, capped at ``high``, with the
+    average hypothesis's ``st.lists`` uses (``min(max(2 low, low + 5), (low + high) / 2)``).
+    """
+    average = min(max(2 * low, low + 5), (low + high) / 2)
+    more = 1 - 1 / (1 + average - low)  # the chance of one more word
+
+    def pick(x: int) -> int:
+        if more <= 0:
+            return low
+        return min(high, low + int(math.log1p(-x / 2**16) / math.log(more)))
+
+    return st.integers(0, 2**16 - 1).map(pick)
 
 
 _SIZE = st.sampled_from(("small", "small", "same", "large", "huge"))
