@@ -29,6 +29,7 @@ from contextledger.core.tokens import (
     get_encoding,
 )
 from contextledger.errors import ConfigError
+from tests.examples import examples
 from tests.tiktoken_reference import reference_inputs
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -413,7 +414,7 @@ _messages = st.lists(_message, max_size=4)
 
 
 @pytest.mark.parametrize("spec", ["chars", "chars:2.5", "tiktoken:o200k_base", "tiktoken"])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(a=_messages, b=_messages)
 def test_counts_non_negative_and_additive(spec: str, a: list[Any], b: list[Any]) -> None:
     c = get_counter(spec)

@@ -16,6 +16,7 @@ from contextledger.core.config import ContextConfig
 from contextledger.core.units import group_units, provider_valid
 from contextledger.core.view import ViewItem
 from contextledger.errors import CompactionError
+from tests.examples import examples
 from tests.unit.strategies import (
     COUNTER,
     STRATEGY_NAMES,
@@ -148,7 +149,7 @@ def test_what_a_planner_holds_is_bounded_by_the_budget_not_the_history() -> None
     assert held[1] <= 1.5 * held[0]
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(view=conversations(min_segments=5), config=configs(), fraction=st.floats(0.1, 1.0))
 def test_random_sessions_stay_valid_within_budget_and_replay_exactly(
     view: tuple[ViewItem, ...], config: ContextConfig, fraction: float
@@ -219,7 +220,7 @@ def sessions(draw: st.DrawFn) -> tuple[ViewItem, ...]:
     return items(messages)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     view=sessions(),
     config=configs(),
@@ -241,7 +242,7 @@ def test_the_request_view_fills_the_budget_and_keeps_the_floor(
         assert tokens(out) >= (config.compact_target - 0.05) * budget
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     view=sessions(),
     config=configs(),
