@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from contextledger import _model_map
 from contextledger.core import catalogue
 from contextledger.errors import ConfigError
 
@@ -87,8 +88,12 @@ def load_bpe_offline(url: str, expected_hash: str | None = None) -> dict[bytes, 
     than by ``load_tiktoken_bpe(path)`` because that copies even a local file into
     ``TIKTOKEN_CACHE_DIR`` (litellm points it at site-packages) and raises when that
     directory is read-only. The sha256 tiktoken expects is still verified.
+
+    Each line is ``<base64 token> <rank>``; split and decoded in C (``map`` over the
+    file's fields) rather than line by line: half the time of tiktoken's loop (o200k:
+    ~0.5 s -> ~0.25 s here), the same ranks.
     """
-    import base64
+    import binascii
 
     path = tokenizer_dir() / hashlib.sha1(url.encode()).hexdigest()
     if not path.is_file():
@@ -96,13 +101,12 @@ def load_bpe_offline(url: str, expected_hash: str | None = None) -> dict[bytes, 
     data = path.read_bytes()
     if expected_hash and hashlib.sha256(data).hexdigest() != expected_hash:
         raise ConfigError(f"tiktoken file {path} does not match its hash", key="token_counter")
-    ranks: dict[bytes, int] = {}
-    for line in data.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return ranks
+    fields = data.split()
+    if len(fields) % 2:
+        raise ConfigError(f"tiktoken file {path} is not token/rank pairs", key="token_counter")
+    # a2b_base64 is what base64.b64decode (tiktoken's) calls, without its argument checks
+    return dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2]), strict=True))
 
 
 # Core's catalogue (core never imports litellm or reads a file): installed at import.
-catalogue.install(import_litellm, load_bpe_offline)
+catalogue.install(import_litellm, load_bpe_offline, _model_map.answer)

@@ -11,6 +11,9 @@ the tail - as ``tuple[ViewItem, ...]`` with tokens counted by ``COUNTER``.
 
 from __future__ import annotations
 
+import functools
+import math
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -125,25 +128,84 @@ def call_batch(
 # --------------------------------------------------------------------------- strategies
 
 
-@st.composite
-def texts(draw: st.DrawFn, *, min_words: int = 1, max_words: int = 30) -> str:
-    words = draw(st.lists(st.sampled_from(WORDS), min_size=min_words, max_size=max_words))
-    return " ".join(words)
+# Strategies are built once, here, not inside the composites: a strategy made afresh at
+# every draw is validated afresh too, which cost the property tests as much as drawing.
+_BOOL = st.booleans()
+_SEED = st.integers(0, 2**32 - 1)
+
+
+@functools.cache
+def texts(*, min_words: int = 1, max_words: int = 30) -> st.SearchStrategy[str]:
+    """Words of :data:`WORDS`, as many as ``st.lists`` would draw on average.
+
+    Two draws a text (a length, a seed for the words) rather than two a word: drawing
+    the words one by one was most of what generating a conversation cost, and no test
+    here cares which word stands where, only how long a text is and that texts repeat.
+    Both shrink: to the shortest text, then to seed 0's words.
+    """
+    return st.builds(_words, _length(min_words, max_words), _SEED)
+
+
+def _words(count: int, seed: int) -> str:
+    return " ".join(random.Random(seed).choices(WORDS, k=count))
+
+
+def _length(low: int, high: int) -> st.SearchStrategy[int]:
+    """``low`` plus a geometric number of extra words, capped at ``high``, with the
+    average hypothesis's ``st.lists`` uses (``min(max(2 low, low + 5), (low + high) / 2)``).
+    """
+    average = min(max(2 * low, low + 5), (low + high) / 2)
+    more = 1 - 1 / (1 + average - low)  # the chance of one more word
+
+    def pick(x: int) -> int:
+        if more <= 0:
+            return low
+        return min(high, low + int(math.log1p(-x / 2**16) / math.log(more)))
+
+    return st.integers(0, 2**16 - 1).map(pick)
+
+
+_SIZE = st.sampled_from(("small", "small", "same", "large", "huge"))
+_LARGE_REPEATS = st.integers(20, 80)
+_HUGE_LINES = st.integers(110, 160)
 
 
 @st.composite
 def _tool_output(draw: st.DrawFn) -> Any:
-    size = draw(st.sampled_from(("small", "small", "same", "large", "huge")))
+    size = draw(_SIZE)
     if size == "same":
         return "identical output"
     text = draw(texts())
     if size == "large":
-        text = (text + "\n") * draw(st.integers(20, 80))
+        text = (text + "\n") * draw(_LARGE_REPEATS)
     elif size == "huge":
-        text = ("x" * 99 + "\n") * draw(st.integers(110, 160))  # > 10,000 chars
-    if draw(st.booleans()):
+        text = ("x" * 99 + "\n") * draw(_HUGE_LINES)  # > 10,000 chars
+    if draw(_BOOL):
         return text
     return [{"type": "text", "text": text}]
+
+
+_TOOL_OUTPUT = _tool_output()
+_SHAPE = st.sampled_from(("openai", "anthropic"))
+_SYSTEMS = st.integers(0, 2)
+_SEGMENT = st.sampled_from(
+    (
+        "human", "human", "reply", "reply", "ack", "tools", "tools", "tools",
+        "orphan", "displaced", "summary", "system", "duplicate",
+    )
+)  # fmt: skip
+_ONE_IN_20 = st.integers(0, 19)
+_ACK = st.sampled_from(("ok", "Done.", "Sure, on it."))
+_BATCH = st.integers(1, 6)
+_TOOL_NAME = st.sampled_from(TOOL_NAMES)
+_ONE_IN_10 = st.integers(0, 9)
+_ONE_IN_5 = st.integers(0, 4)
+_CALL_TEXT = st.one_of(st.none(), texts())
+
+
+@functools.cache
+def _segments(min_size: int, max_size: int) -> st.SearchStrategy[list[str]]:
+    return st.lists(_SEGMENT, min_size=min_size, max_size=max_size)
 
 
 @st.composite
@@ -158,37 +220,24 @@ def conversations(
     open_tail: bool = True,
 ) -> tuple[ViewItem, ...]:
     """A random view in one provider shape (see the module docstring)."""
-    kind_of_shape: Shape = (
-        shape if shape is not None else draw(st.sampled_from(("openai", "anthropic")))
-    )
+    kind_of_shape: Shape = shape if shape is not None else draw(_SHAPE)
     specs: list[Spec] = []
     ids = iter(range(10**9))
 
     def add(message: Mapping[str, Any], *, crit: bool = False, kind: ItemKind = "message") -> None:
         specs.append(Spec(message, crit, kind))
 
-    for _ in range(draw(st.integers(0, 2))):
+    for _ in range(draw(_SYSTEMS)):
         add(system(draw(texts(min_words=3, max_words=40))))
-    segments = draw(
-        st.lists(
-            st.sampled_from(
-                (
-                    "human", "human", "reply", "reply", "ack", "tools", "tools", "tools",
-                    "orphan", "displaced", "summary", "system", "duplicate",
-                )
-            ),
-            min_size=min_segments,
-            max_size=max_segments,
-        )
-    )  # fmt: skip
+    segments = draw(_segments(min_segments, max_segments))
     for segment in segments:
-        crit = critical and draw(st.integers(0, 19)) == 0
+        crit = critical and draw(_ONE_IN_20) == 0
         if segment == "human":
             add(user(draw(texts())), crit=crit)
         elif segment == "reply":
             add(assistant(draw(texts(min_words=20, max_words=80))), crit=crit)
         elif segment == "ack":
-            add(assistant(draw(st.sampled_from(("ok", "Done.", "Sure, on it.")))))
+            add(assistant(draw(_ACK)))
         elif segment == "duplicate":
             plain = [s for s in specs if isinstance(s.message.get("content"), str)]
             plain = [s for s in plain if s.message.get("role") in ("user", "assistant")]
@@ -205,17 +254,17 @@ def conversations(
             else:
                 add(anthropic_results([(ghost, draw(texts()))]))
         else:  # tools / displaced
-            n = draw(st.integers(1, 6))
-            calls = [(f"call_{next(ids)}", draw(st.sampled_from(TOOL_NAMES))) for _ in range(n)]
-            answered = [c for c in calls if draw(st.integers(0, 9)) > 0]
+            n = draw(_BATCH)
+            calls = [(f"call_{next(ids)}", draw(_TOOL_NAME)) for _ in range(n)]
+            answered = [c for c in calls if draw(_ONE_IN_10) > 0]
             answered = draw(st.permutations(answered))
-            results = [(cid, draw(_tool_output())) for cid, _ in answered]
+            results = [(cid, draw(_TOOL_OUTPUT)) for cid, _ in answered]
             crit_unit = crit and segment == "tools"
             if kind_of_shape == "openai":
-                add(openai_call(calls, draw(st.one_of(st.none(), texts()))), crit=crit_unit)
+                add(openai_call(calls, draw(_CALL_TEXT)), crit=crit_unit)
                 chunks: list[list[tuple[str, Any]]] = [[r] for r in results]
             else:
-                add(anthropic_call(calls, draw(st.one_of(st.none(), texts()))), crit=crit_unit)
+                add(anthropic_call(calls, draw(_CALL_TEXT)), crit=crit_unit)
                 chunks = []
                 rest = list(results)
                 while rest:
@@ -238,7 +287,7 @@ def conversations(
                     add(anthropic_results(displaced))
     if not orphans:
         specs = [s for s in specs if not _is_orphan_spec(s)]
-    if open_tail and draw(st.integers(0, 4)) == 0:
+    if open_tail and draw(_ONE_IN_5) == 0:
         cid = f"call_{next(ids)}"
         if kind_of_shape == "openai":
             add(openai_call([(cid, "run")]))

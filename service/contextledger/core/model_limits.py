@@ -2,8 +2,9 @@
 
 The source of truth is litellm's *bundled* model map (``max_input_tokens`` is the
 context window; ``max_output_tokens`` the output limit: litellm's ``get_max_tokens``
-returns the output limit, so it is never used for the window). litellm is imported
-lazily, offline-configured, by the shell (:mod:`contextledger.core.catalogue`).
+returns the output limit, so it is never used for the window). The shell reads the map
+file itself for the names it can answer by litellm's rules, and imports litellm lazily,
+offline-configured, for the rest (:mod:`contextledger.core.catalogue`).
 
 Resolution order for ``model_limits(model, overrides)``:
 
@@ -14,7 +15,8 @@ Resolution order for ``model_limits(model, overrides)``:
 
 Never a network call: for providers whose litellm ``get_model_info`` asks a live
 server (ollama's ``/api/show``, vLLM, lemonade, Hugging Face, the litellm proxy)
-only the static map rows are read.
+only the static map rows are read, and providers litellm authenticates with to infer
+them (``github_copilot``, ``chatgpt``) are taken from the prefix.
 """
 
 from __future__ import annotations
@@ -102,6 +104,11 @@ _LIVE_LOOKUP_PROVIDERS = frozenset(
     }
 )
 
+# Providers whose litellm ``get_llm_provider`` runs an OAuth device flow (network) to
+# answer (litellm.constants.PROVIDERS_THAT_AUTHENTICATE_ON_PROVIDER_INFO); their
+# ``get_model_info`` takes the provider from the prefix instead.
+_AUTHENTICATING = frozenset({"github_copilot", "chatgpt"})
+
 _DATE_SUFFIX = re.compile(
     r"(?:[-@_]\d{4}-\d{2}-\d{2}|[-@_]\d{8}|-\d{4}|-latest|@latest|-v\d+:\d+)$",
     re.IGNORECASE,
@@ -170,9 +177,16 @@ def positive_int(value: Any) -> int | None:
 def _litellm_lookup(name: str) -> ModelLimits | None:
     """One spelling against litellm's bundled map; ``None`` when unmapped.
 
-    Any litellm failure (``ModelNotMappedError``, provider inference errors) is a
-    miss, never an exception for the caller.
+    The map file answers first (:func:`catalogue.map_row`: most names, without
+    litellm's ~1.5 s import); litellm itself when the file cannot tell. Any litellm
+    failure (``ModelNotMappedError``, provider inference errors) is a miss, never an
+    exception for the caller.
     """
+    row = catalogue.map_row(name)
+    if row == "miss":
+        return None
+    if row is not None:
+        return _limits(*row)
     litellm = catalogue.litellm()
     cost_map: Mapping[str, Mapping[str, Any]] = litellm.model_cost
     entry: Mapping[str, Any] | None = None
@@ -181,10 +195,13 @@ def _litellm_lookup(name: str) -> ModelLimits | None:
     if prefix in _LIVE_LOOKUP_PROVIDERS:
         entry = cost_map.get(name)  # static row only: get_model_info would ask the server
     else:
-        try:
-            provider = litellm.get_llm_provider(name)[1]
-        except Exception:
-            provider = None
+        if prefix in _AUTHENTICATING:
+            provider: str | None = prefix  # get_llm_provider would start an OAuth flow
+        else:
+            try:
+                provider = litellm.get_llm_provider(name)[1]
+            except Exception:
+                provider = None
         if provider in _LIVE_LOOKUP_PROVIDERS:
             entry = cost_map.get(name)
         else:
@@ -196,6 +213,10 @@ def _litellm_lookup(name: str) -> ModelLimits | None:
             key = str(info.get("key") or name)
     if entry is None:
         return None
+    return _limits(entry, key)
+
+
+def _limits(entry: Mapping[str, Any], key: str) -> ModelLimits | None:
     window = positive_int(entry.get("max_input_tokens"))
     if window is None:
         return None

@@ -305,6 +305,19 @@ def provider_valid(messages: Iterable[Mapping[str, Any]]) -> list[str]:
     pending: dict[str, None] = {}
     opened_at = -1
     for i, message in enumerate(messages):
+        content = message.get("content")
+        if (
+            (content is None or type(content) is str)
+            and message.get("role") != "tool"
+            and message.get("tool_calls") is None
+        ):  # prose (most messages): neither results nor calls, so it closes any open call
+            if pending:
+                violations.append(
+                    f"message {opened_at}: calls {list(pending)} not answered before message {i}"
+                )
+                pending = {}
+            opened_at = i
+            continue
         answered = result_ids(message)
         if answered:
             for call_id in answered:

@@ -15,7 +15,6 @@ import asyncpg
 import uvicorn
 
 from contextledger.errors import ConfigError
-from contextledger.http.app import create_app
 from contextledger.http.settings import Settings
 from contextledger.store.dsn import asyncpg_dsn
 
@@ -68,6 +67,8 @@ async def serve(settings: Settings) -> None:
         )
     from dataclasses import replace
 
+    from contextledger.http.app import create_app  # FastAPI and the routes: ~1 s to import
+
     app = create_app(replace(settings, dsn=dsn))
     config = uvicorn.Config(
         app,
@@ -107,6 +108,8 @@ def worker_app() -> Any:
     proxy.own_process = True
     settings = Settings.from_json(os.environ[WORKER_SETTINGS])
     configure_logging(settings.log_format, level="INFO")  # type: ignore[arg-type]
+    from contextledger.http.app import create_app
+
     return create_app(settings)
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from contextledger.core.config import MAX_CONFIG_BYTES, ContextConfig
 from contextledger.errors import ConfigError, ContextLedgerError
+from tests.examples import examples
 
 ALIAS_BOMB = "\n".join(
     ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
@@ -81,7 +82,7 @@ plain = st.recursive(
 keys = st.sampled_from([*sorted(ContextConfig.keys()), "dsn", "nope"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.dictionaries(keys, plain, max_size=5))
 def test_fuzzed_mappings_only_raise_typed_errors(raw: dict[str, Any]) -> None:
     try:
@@ -93,7 +94,7 @@ def test_fuzzed_mappings_only_raise_typed_errors(raw: dict[str, Any]) -> None:
     assert ContextConfig.from_mapping(config.to_dict()).to_dict() == config.to_dict()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(alphabet=st.characters(codec=None), max_size=200))
 def test_fuzzed_yaml_text_only_raises_typed_errors(text: str) -> None:
     try:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from contextledger.core.encoding import canonical_json
 from contextledger.core.messages import MAX_DEPTH, MAX_MESSAGE_BYTES, copy_json, validate_message
 from contextledger.errors import InvalidMessage
+from tests.examples import examples
 
 # --------------------------------------------------------------------------- helpers
 
@@ -462,7 +463,7 @@ def messages(draw: st.DrawFn) -> dict[str, Any]:
     return message
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(messages())
 def test_any_json_message_comes_back_as_an_equal_unaliased_copy(message: dict[str, Any]) -> None:
     before = copy.deepcopy(message)
@@ -472,7 +473,7 @@ def test_any_json_message_comes_back_as_an_equal_unaliased_copy(message: dict[st
     assert container_ids(result).isdisjoint(container_ids(message))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.dictionaries(TEXT, JSON, max_size=6), st.randoms(use_true_random=False))
 def test_canonical_json_does_not_depend_on_key_order(value: dict[str, Any], rnd: Any) -> None:
     def shuffled(v: Any) -> Any:
@@ -601,7 +602,7 @@ def test_canonical_encoding_survives_jsonb(number: float) -> None:
     assert canonical_json(through_jsonb(value)) == canonical_json(value)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(JSON)
 def test_canonical_encoding_of_any_json_value_survives_jsonb(value: Any) -> None:
     assert canonical_json(through_jsonb(value)) == canonical_json(value)

@@ -42,6 +42,7 @@ from contextledger.errors import (
     SeqOutOfRange,
     SessionNotFound,
 )
+from tests.examples import examples
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 SID = "s1"
@@ -644,7 +645,7 @@ def as_state(seq: int, ref: Snap) -> ViewState:
     )
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(scenarios())
 def test_fold_matches_the_reference_model(case: tuple[list[Payload], list[Snap]]) -> None:
     payloads, history = case
@@ -666,7 +667,7 @@ def test_fold_matches_the_reference_model(case: tuple[list[Payload], list[Snap]]
     assert len({i.ref for i in final.view}) == len(final.view)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(scenarios())
 def test_advance_builds_the_same_chain_and_state(case: tuple[list[Payload], list[Snap]]) -> None:
     payloads, history = case

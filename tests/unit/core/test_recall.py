@@ -31,6 +31,7 @@ from contextledger.core.recall import (
 from contextledger.core.units import result_ids, tool_calls
 from contextledger.core.view import ViewItem
 from contextledger.errors import ConfigError
+from tests.examples import examples
 from tests.unit.strategies import (
     COUNTER,
     Spec,
@@ -81,7 +82,7 @@ def _unit_seqs(messages: list[Recalled]) -> dict[int, tuple[int, ...]]:
     return {r.seq: tuple(x.seq for x in unit) for unit in units_of(messages) for r in unit}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(recall_cases())
 def test_pick_keeps_budget_whole_units_order_and_is_deterministic(
     case: tuple[list[int], list[Recalled], int],
@@ -111,7 +112,7 @@ def test_pick_keeps_budget_whole_units_order_and_is_deterministic(
     assert all(f"[#{s} " in content for s in block.seqs)  # each line marked with its seq
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(recall_cases())
 def test_a_bigger_share_never_recalls_less_of_the_best_match(
     case: tuple[list[int], list[Recalled], int],

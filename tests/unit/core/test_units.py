@@ -14,6 +14,7 @@ from contextledger.core.units import (
     result_ids,
     tool_calls,
 )
+from tests.examples import examples
 from tests.unit.strategies import (
     COUNTER,
     anthropic_call,
@@ -182,7 +183,7 @@ def test_provider_valid_names_the_violations() -> None:
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(conversations())
 def test_repair_always_yields_a_valid_view_and_keeps_every_non_orphan(view: tuple) -> None:  # type: ignore[type-arg]
     before = copy.deepcopy(view)

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contextledger.store import lexical
+from tests.examples import examples
 
 
 def _postings(docs: dict[int, list[str]]) -> dict[str, list[tuple[int, int, int]]]:
@@ -63,7 +64,7 @@ def test_a_long_turn_is_searched_by_its_longest_lexemes() -> None:
     assert lexical.query_lexemes(["a1", "longword", "a1", ""]) == ["longword", "a1"]
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(
     st.dictionaries(
         st.integers(1, 200),
@@ -132,7 +133,7 @@ _WORDS = [
 ]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     texts=st.lists(
         st.lists(st.sampled_from(_WORDS) | st.text(max_size=8), max_size=20).map(" ".join),

@@ -223,7 +223,9 @@ def strip_signed_thinking(messages: Sequence[Mapping[str, Any]]) -> list[dict[st
     """
     out: list[dict[str, Any]] = []
     for message in messages:
-        copied = copy.deepcopy(dict(message))
+        # a message of plain values (most are: role and text) is copied whole by dict();
+        # deepcopy's memo and dispatch cost ~10x that, per message of every cold finish
+        copied = dict(message) if _flat(message) else copy.deepcopy(dict(message))
         copied.pop("thinking_blocks", None)
         content = copied.get("content")
         if isinstance(content, list):

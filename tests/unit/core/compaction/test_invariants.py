@@ -15,6 +15,7 @@ from contextledger.core.config import ContextConfig
 from contextledger.core.units import group_units, is_human_turn, provider_valid, repair
 from contextledger.core.view import ViewItem
 from contextledger.errors import CompactionError
+from tests.examples import examples
 from tests.unit.strategies import COUNTER, STRATEGY_NAMES, configs, conversations
 
 
@@ -96,7 +97,7 @@ def assert_plan_invariants(
                 assert p in core, "a summary was dropped while a droppable unit was kept"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     view=conversations(min_segments=2),
     config=configs(),

@@ -4,6 +4,7 @@ and the same answer whether built incrementally, from scratch or from a tail."""
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import pytest
 from hypothesis import assume, given, settings
@@ -15,6 +16,7 @@ from contextledger.core.config import ContextConfig
 from contextledger.core.units import group_units, provider_valid
 from contextledger.core.view import ViewItem
 from contextledger.errors import CompactionError
+from tests.examples import examples
 from tests.unit.strategies import (
     COUNTER,
     STRATEGY_NAMES,
@@ -60,8 +62,15 @@ def test_steady_turns_fill_the_budget_and_keep_a_stable_prefix(strategy: str, to
     planner = RequestPlanner(budget, config, COUNTER)
     sent: tuple[ViewItem, ...] = ()
     changes, requests = 0, 0
-    for n, item in enumerate(view):
+    # what floor_refs and tokens give for view[: n + 1], kept as the loop goes (they
+    # were recomputed from the start at every request: quadratic in the history)
+    floor: deque[tuple[int, int]] = deque(maxlen=config.keep_recent)
+    so_far = 0
+    for item in view:
         planner.push(item)
+        so_far += item.tokens
+        if item.role != "system":
+            floor.append(item.ref)
         if item.role != "assistant" or item.message.get("tool_calls"):
             continue
         out = planner.view()
@@ -69,8 +78,8 @@ def test_steady_turns_fill_the_budget_and_keep_a_stable_prefix(strategy: str, to
         assert provider_valid(m.message for m in out) == []
         assert tokens(out) <= trigger
         assert out[0] is view[0]
-        assert floor_refs(view[: n + 1], config.keep_recent) <= {i.ref for i in out}
-        if tokens(view[: n + 1]) > budget:
+        assert set(floor) <= {i.ref for i in out}
+        if so_far > budget:
             assert tokens(out) >= 0.55 * budget
         if out[: len(sent)] != sent:
             changes += 1
@@ -140,7 +149,7 @@ def test_what_a_planner_holds_is_bounded_by_the_budget_not_the_history() -> None
     assert held[1] <= 1.5 * held[0]
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(view=conversations(min_segments=5), config=configs(), fraction=st.floats(0.1, 1.0))
 def test_random_sessions_stay_valid_within_budget_and_replay_exactly(
     view: tuple[ViewItem, ...], config: ContextConfig, fraction: float
@@ -191,23 +200,27 @@ def _small_units(view: tuple[ViewItem, ...], budget: int) -> bool:
     return all(tokens(view[u.start : u.stop]) <= 0.05 * budget for u in group_units(view))
 
 
+_WORDS, _SYSTEM = st.integers(1, 25), st.booleans()
+_TURNS, _CALLS = st.integers(40, 90), st.integers(0, 2)
+
+
 @st.composite
 def sessions(draw: st.DrawFn) -> tuple[ViewItem, ...]:
     """Agent sessions of small units (chat turns and tool calls), long enough to compact."""
-    words = st.integers(1, 25)
+    words = _WORDS
     messages: list[dict[str, object]] = []
-    if draw(st.booleans()):
+    if draw(_SYSTEM):
         messages.append(system("rules " * draw(words)))
-    for k in range(draw(st.integers(40, 90))):
+    for k in range(draw(_TURNS)):
         messages.append(user("ask " * draw(words)))
-        for c in range(draw(st.integers(0, 2))):
+        for c in range(draw(_CALLS)):
             messages.append(openai_call([(f"c{k}_{c}", "grep")]))
             messages.append(openai_result(f"c{k}_{c}", "hit " * draw(words)))
         messages.append(assistant("say " * draw(words)))
     return items(messages)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     view=sessions(),
     config=configs(),
@@ -229,7 +242,7 @@ def test_the_request_view_fills_the_budget_and_keeps_the_floor(
         assert tokens(out) >= (config.compact_target - 0.05) * budget
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     view=sessions(),
     config=configs(),

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from contextledger.core.compaction import select_for_summary
 from contextledger.core.units import group_units, is_human_turn
 from contextledger.core.view import ViewItem
+from tests.examples import examples
 from tests.unit.strategies import (
     Spec,
     assistant,
@@ -74,7 +75,7 @@ def test_agent_loop_steps_count_as_turns() -> None:
     assert chosen == tuple(i.ref for i in view[1:-6])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     view=conversations(orphans=False),
     turns=st.integers(0, 6),

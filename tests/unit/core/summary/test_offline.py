@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from contextledger.core.summary.offline import offline_summary
 from contextledger.core.tokens import CharsCounter
+from tests.examples import examples
 from tests.samples import MESSAGES
 
 COUNTER = CharsCounter()
@@ -43,7 +44,7 @@ filler = st.lists(st.sampled_from(WORDS), min_size=3, max_size=12).map(
 names = st.text(string.ascii_lowercase, min_size=2, max_size=10).map(str.capitalize)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     before=st.lists(filler, max_size=30),
     after=st.lists(filler, max_size=30),
@@ -67,7 +68,7 @@ def test_offline_summary_keeps_planted_facts_verbatim(
     assert out == offline_summary(msgs, max_tokens=budget, counter=COUNTER)  # deterministic
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     facts=st.lists(
         st.text(string.ascii_letters + string.digits + " -:_./", min_size=3, max_size=40)

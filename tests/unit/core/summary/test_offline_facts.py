@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contextledger.core.summary.offline import offline_summary, parse_sections
+from tests.examples import examples
 from tests.unit.strategies import COUNTER, assistant, openai_call, openai_result, user
 
 
@@ -27,7 +28,7 @@ def test_a_carried_value_restated_in_new_turns_is_replaced() -> None:
     assert "$15,000" in out and "$12,400" not in out
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(carried=st.lists(st.integers(1000, 9999), min_size=20, max_size=40, unique=True))
 def test_carried_lines_never_crowd_out_new_facts(carried: list[int]) -> None:
     prior = "## Durable facts\n" + "\n".join(f"- item {n} of batch {n} was fine" for n in carried)
