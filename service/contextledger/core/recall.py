@@ -171,7 +171,8 @@ def leaves_out(view_tokens: int, request: Sequence[ViewItem]) -> bool:
         return True
     if "ephemeral" in kinds:
         return view_tokens > sum(i.tokens for i in request if i.kind != "ephemeral")
-    return view_tokens > sum(map(_TOKENS, request))
+    carried: int = sum(map(_TOKENS, request))
+    return view_tokens > carried
 
 
 def make_room(view: Sequence[ViewItem], tokens: int) -> int:
