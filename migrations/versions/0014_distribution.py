@@ -26,7 +26,8 @@ and ``citus_add_node`` done by the operator first, see docs/deploy/citus.md):
 - the database's default ``citus.propagate_set_commands`` becomes ``local`` (the tenant
   of a transaction and the purge mark reach the workers; the store checks it at start);
 - the schema's functions are propagated to the workers (the row-level security policy,
-  the tenant default and the trigger call them there);
+  the tenant default and the trigger call them there): first those that take or return
+  no table's row type, after the tables the others (0013's ``erase_session``);
 - ``session_tables()``, discovered (any table of the schema with a ``session_id``
   column, so 0012/0013's tables are included), are distributed by ``session_id``,
   co-located with ``sessions`` (its foreign-key target, distributed first);
@@ -159,6 +160,24 @@ APPEND_FUNCTIONS = {
     END $$""",
 }
 ROLE = "contextledger_service"
+#: The schema's functions not yet known to Citus (the append functions are distributed
+#: by their session argument instead).
+_DISTRIBUTE_FUNCTIONS = (
+    f"SELECT create_distributed_function(p.oid::regprocedure)"
+    f"  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+    f" WHERE n.nspname = '{S}' AND p.prokind = 'f'"
+    f"   AND p.proname NOT IN ('append_message', 'append_session_messages')"
+    f"   AND p.oid NOT IN (SELECT objid FROM pg_catalog.pg_dist_object"
+    f"                      WHERE classid = 'pg_proc'::regclass)"
+)
+#: Before the tables are distributed, only functions that take or return no table's row
+#: type: Citus refuses to propagate a function depending on a table it does not know yet
+#: (0013's ``erase_session`` returns an ``erasures`` row). The others follow the tables.
+_NO_TABLE_TYPE = (
+    "   AND NOT EXISTS (SELECT FROM pg_depend d JOIN pg_type t ON t.oid = d.refobjid"
+    "                    WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid"
+    "                      AND d.refclassid = 'pg_type'::regclass AND t.typrelid <> 0)"
+)
 
 
 def upgrade() -> None:
@@ -180,14 +199,7 @@ def upgrade() -> None:
     op.execute("SET LOCAL citus.enable_unsafe_triggers = on")
     # DDL in this transaction has already touched the workers: one connection per node.
     op.execute("SET LOCAL citus.multi_shard_modify_mode = sequential")
-    op.execute(
-        f"SELECT create_distributed_function(p.oid::regprocedure)"
-        f"  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-        f" WHERE n.nspname = '{S}' AND p.prokind = 'f'"
-        f"   AND p.proname NOT IN ('append_message', 'append_session_messages')"
-        f"   AND p.oid NOT IN (SELECT objid FROM pg_catalog.pg_dist_object"
-        f"                      WHERE classid = 'pg_proc'::regclass)"
-    )
+    op.execute(_DISTRIBUTE_FUNCTIONS + _NO_TABLE_TYPE)  # what the tables' DDL calls
     for table in REFERENCE_TABLES:
         op.execute(f"SELECT create_reference_table('{S}.{table}')")
     for table in session_tables(bind):
@@ -196,6 +208,7 @@ def upgrade() -> None:
             f"SELECT create_distributed_table('{S}.{table}', '{DISTRIBUTION_COLUMN}',"
             f" colocate_with => '{colocate}')"
         )
+    op.execute(_DISTRIBUTE_FUNCTIONS)  # the rest: those taking or returning a table's row
     for signature in APPEND_FUNCTIONS:  # run where the session's shard is (see above)
         op.execute(
             f"SELECT create_distributed_function('{S}.{signature}', 'p_session',"

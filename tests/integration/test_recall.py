@@ -20,6 +20,7 @@ from contextledger import Ledger
 from contextledger.core.chain import GENESIS_HASH, make_event
 from contextledger.core.events import MessageAppended, SessionCreated
 from contextledger.session import Session
+from contextledger.store import distributed
 from contextledger.store.dsn import asyncpg_dsn
 from contextledger.store.lexical import neighbours
 from contextledger.store.migrate import upgrade
@@ -498,7 +499,9 @@ async def test_a_read_only_server_searches_the_same_without_storing(
     pool = await asyncpg.create_pool(
         asyncpg_dsn(pg_dsn), server_settings={"default_transaction_read_only": "on"}
     )
-    standby = PostgresStore(pool, pg_dsn)
+    async with pool.acquire() as conn:  # what ``PostgresStore.connect`` learns at start
+        citus = await distributed.probe(conn)
+    standby = PostgresStore(pool, pg_dsn, citus=citus)
     args: dict[str, Any] = {
         "exclude": (head,),  # the question itself
         "upto_seq": head,
@@ -537,21 +540,25 @@ async def test_each_tenant_indexes_and_searches_only_its_own_events(pg_dsn: str)
                 " GROUP BY 1"
             )
         )
-        beta = await asyncpg.connect(
-            asyncpg_dsn(pg_dsn),
-            server_settings={"role": role, "contextledger.tenant": "nobody"},
-        )
+        # The service role, its tenant set per transaction as the store sets it (on Citus
+        # only a transaction's SET LOCAL reaches the workers, where the policy runs).
+        beta = await asyncpg.connect(asyncpg_dsn(pg_dsn), server_settings={"role": role})
+
+        async def count(tenant: str, sql: str) -> int:
+            async with beta.transaction():
+                await beta.execute(f"SET LOCAL contextledger.tenant = '{tenant}'")
+                found: int = await beta.fetchval(sql)
+                return found
+
         try:
-            assert await beta.fetchval("SELECT count(*) FROM contextledger.event_terms") == 0
+            assert await count("nobody", "SELECT count(*) FROM contextledger.event_terms") == 0
             matches = (
                 "SELECT count(*) FROM contextledger.event_terms"
                 " WHERE session_id = 'r' AND lexeme = '18443'"
             )
-            assert await beta.fetchval(matches) == 0
-            await beta.execute("SET contextledger.tenant = 'other'")
-            assert await beta.fetchval(matches) == 0  # the same session id, another tenant
-            await beta.execute("SET contextledger.tenant = 'acme'")
-            assert await beta.fetchval(matches) == 1
+            assert await count("nobody", matches) == 0
+            assert await count("other", matches) == 0  # the same session id, another tenant
+            assert await count("acme", matches) == 1
         finally:
             await beta.close()
     finally:

@@ -22,8 +22,10 @@ from contextledger.store.postgres.search import (
 )
 from contextledger.store.postgres.statements import (
     APPEND_MESSAGE,
+    APPEND_MESSAGE_CALL,
     APPEND_MESSAGES,
     APPEND_SESSION_MESSAGES,
+    READ_VIEW,
     S,
 )
 from contextledger.store.postgres.store import PostgresStore
@@ -32,12 +34,14 @@ from contextledger.store.postgres.tips import MAX_HEADS
 __all__ = [
     "APPEND_MESSAGE",
     "APPEND_MESSAGES",
+    "APPEND_MESSAGE_CALL",
     "APPEND_SESSION_MESSAGES",
     "CLOSED",
     "INDEX_TEXT_CONFIG",
     "MAX_GATE_GAPS",
     "MAX_HEADS",
     "MAX_REMEMBERED",
+    "READ_VIEW",
     "RECHECK_AFTER",
     "SEARCH_POOL_BACKOFF",
     "SEARCH_VECTOR",

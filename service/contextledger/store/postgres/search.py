@@ -263,10 +263,15 @@ _UNINDEXED = (
 #: another text search configuration, computed from the branch's messages on the fly.
 #: Each arm is limited itself, so the stored one is a backward index scan that stops after
 #: ``PER_TERM`` rows (limited only outside, the plan sorted every posting of the lexeme).
+#: The stored arm reads only what was indexed before this search (``indexed.upto``), the
+#: fresh arm the rest: on one server a statement never sees its own ``stored`` rows, but
+#: Citus runs each CTE as its own step, the insert before the reads, and a search that
+#: indexed counted each fresh posting twice (scores 28.8 against 16.5 the next search).
 _LEFT_OUT = "NOT (SELECT $exclude::text::int8multirange) @> x.seq AND {branch}"
 _STORED_POSTINGS = f"""
             (SELECT x.seq, x.tf, x.dl FROM {S}.event_terms x
               WHERE x.session_id = $1 AND x.lexeme = lq.l AND x.seq <= $tail::bigint
+                AND x.seq <= (SELECT upto FROM indexed)
                 AND x.tenant_id = {S}.current_tenant() AND {_LEFT_OUT}
               ORDER BY x.seq DESC LIMIT {PER_TERM})
             UNION ALL
