@@ -7,6 +7,7 @@ connection, so every client here runs on the same server session in turn."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
@@ -16,6 +17,7 @@ import pytest
 from contextledger import Ledger
 from tests.integration.conftest import PG_HOST, PG_PORT
 from tests.integration.pgbouncer import Bouncer, running_pgbouncer
+from tests.integration.segments import data_segments
 from tests.integration.service_support import new_key
 
 ROLE = "contextledger_service"
@@ -94,6 +96,48 @@ async def test_lone_statements_are_scoped_one_round_trip_each(pg_dsn: str) -> No
                 async with conn.transaction():  # a transaction is scoped at its BEGIN
                     assert await conn.fetchval(SETTING) == "alpha"
             assert await _bare_setting(dsn) in (None, "")
+
+
+def _sent(conn: asyncpg.Connection) -> int:
+    return data_segments(conn._transport.get_extra_info("socket"))[1]
+
+
+async def _segments_per_run(conn: asyncpg.Connection, query: str, *args: object) -> float:
+    """TCP segments sent per run of ``query`` (and its answer checked each time)."""
+    first = await conn.fetchval(query, *args)  # described: later runs are one round trip
+    before = _sent(conn)
+    for _ in range(4):
+        assert await conn.fetchval(query, *args) == first
+    return (_sent(conn) - before) / 4
+
+
+async def test_a_statement_leaves_in_one_tcp_segment(pg_dsn: str) -> None:
+    """A lone statement's scope, ``Parse`` and ``Bind``/``Execute``/``Sync`` were three
+    writes, three segments for the pooler and the server to wake up for; one now, in a
+    transaction and on a connection without a tenant too. The socket is released after
+    each (a cork left on would hold the next writes back)."""
+    await new_key(pg_dsn, "alpha")
+    superuser, dbname = await _names(pg_dsn)
+    count = "SELECT count(*) FROM contextledger.sessions WHERE session_id = $1"
+    with _one_server_connection(superuser) as bouncer:
+        dsn = bouncer.dsn(ROLE, dbname)
+        async with _tenant(dsn, "alpha") as alpha:
+            await alpha.session("one")
+            pool = alpha.store._pool  # type: ignore[attr-defined]
+            async with pool.acquire() as conn:
+                raw = conn._con
+                assert await _segments_per_run(raw, SETTING) == 1
+                assert await _segments_per_run(raw, count, "one") == 1
+                async with raw.transaction():
+                    assert await _segments_per_run(raw, count, "one") == 1
+                sock = raw._transport.get_extra_info("socket")
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK) == 0
+        plain = await Ledger.open(bouncer.dsn(superuser, dbname), pool_size=2, pgbouncer=True)
+        try:
+            async with plain.store._pool.acquire() as conn:  # type: ignore[attr-defined]
+                assert await _segments_per_run(conn._con, count, "one") == 1
+        finally:
+            await plain.close()
 
 
 async def test_a_statement_that_fails_before_its_sync_closes_the_connection(
