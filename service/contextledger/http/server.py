@@ -16,6 +16,7 @@ import uvicorn
 
 from contextledger.errors import ConfigError
 from contextledger.http.app import create_app
+from contextledger.http.protocol import OneWriteHttp
 from contextledger.http.settings import Settings
 from contextledger.store.dsn import asyncpg_dsn
 
@@ -77,6 +78,7 @@ async def serve(settings: Settings) -> None:
         log_config=None,
         timeout_graceful_shutdown=GRACE_S,
         lifespan="on",
+        http=OneWriteHttp,
     )
     await _Server(config).serve()
 
@@ -158,6 +160,7 @@ def run_workers(settings: Settings) -> None:
         timeout_graceful_shutdown=GRACE_S,
         lifespan="on",
         loop="uvloop" if loop_factory() is not None else "asyncio",
+        http=OneWriteHttp,
     )
     Multiprocess(config, sockets=[config.bind_socket()]).run()
 
