@@ -18,7 +18,7 @@ from contextledger import Ledger
 from tests.integration.conftest import PG_HOST, PG_PORT
 from tests.integration.pgbouncer import Bouncer, running_pgbouncer
 from tests.integration.segments import data_segments
-from tests.integration.service_support import new_key
+from tests.integration.service_support import inserts_held, new_key, until
 
 ROLE = "contextledger_service"
 SETTING = "SELECT current_setting('contextledger.tenant', true)"
@@ -138,6 +138,40 @@ async def test_a_statement_leaves_in_one_tcp_segment(pg_dsn: str) -> None:
                 assert await _segments_per_run(conn._con, count, "one") == 1
         finally:
             await plain.close()
+
+
+async def test_appends_arriving_meanwhile_share_the_next_statement(pg_dsn: str) -> None:
+    """Behind the pooler a process has one append statement in flight: the appends that
+    arrive meanwhile go together in the next one. Eight appends to eight sessions, the
+    first held in the database until the others have arrived: two statements (with a
+    second in flight, it took a lone append: three)."""
+    await new_key(pg_dsn, "alpha")
+    superuser, dbname = await _names(pg_dsn)
+    with _one_server_connection(superuser) as bouncer:
+        async with _tenant(bouncer.dsn(ROLE, dbname), "alpha") as alpha:
+            sessions = [await alpha.session(f"g{i}") for i in range(8)]
+            # heads known and both append statements described: then each is one round trip
+            await asyncio.gather(
+                *(s.add_message({"role": "user", "content": "first"}) for s in sessions)
+            )
+            batcher = alpha.store._batcher  # type: ignore[attr-defined]
+            before = bouncer.stats(superuser)
+            async with inserts_held(pg_dsn):
+                sent = [
+                    asyncio.create_task(s.add_message({"role": "user", "content": "second"}))
+                    for s in sessions
+                ]
+
+                async def arrived() -> bool:
+                    return len(batcher._queue) + batcher._inflight == len(sent)
+
+                await until(arrived, "every append reached the batcher")
+            assert [await t for t in sent] == [3] * len(sent)
+            after = bouncer.stats(superuser)
+            assert after["query_count"] - before["query_count"] == 2
+            assert after["xact_count"] - before["xact_count"] == 2
+            for s in sessions:
+                assert [m["content"] for m in await s.get_messages()] == ["first", "second"]
 
 
 async def test_a_statement_that_fails_before_its_sync_closes_the_connection(
