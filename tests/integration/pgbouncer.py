@@ -96,13 +96,17 @@ def running_pgbouncer(
         for path in (home, *home.iterdir()):
             os.chown(path, runner.pw_uid, runner.pw_gid)
     cmd = [binary, *(["-u", runner.pw_name] if runner else []), str(home / "pgbouncer.ini")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # It logs every line to stderr as well as to its log file: to a file, never a pipe
+    # nobody reads (full at 64 kB, it blocked there: a long benchmark hung on it).
+    errors = home / "stderr.txt"
+    with errors.open("wb") as err_out:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_out)
     log = home / "pgbouncer.log"
     try:
         deadline = time.monotonic() + 20
         while True:
             if proc.poll() is not None:
-                err = proc.stderr.read().decode() if proc.stderr else ""
+                err = errors.read_text(errors="replace")[-2000:]
                 tail = log.read_text()[-2000:] if log.exists() else ""
                 pytest.fail(f"pgbouncer exited {proc.returncode}: {err}{tail}")
             try:

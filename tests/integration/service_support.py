@@ -25,6 +25,7 @@ from openai import AsyncOpenAI
 from contextledger import Ledger
 from contextledger.http.app import create_app
 from contextledger.http.keys import create_key
+from contextledger.http.protocol import OneWriteHttp
 from contextledger.http.settings import Settings
 from contextledger.store.dsn import asyncpg_dsn
 from tests.fakellm import FakeLLM
@@ -42,7 +43,13 @@ class Running:
 async def running_service(settings: Settings) -> AsyncIterator[Running]:
     app = create_app(settings)
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on"
+        app,
+        host="127.0.0.1",
+        port=0,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        http=OneWriteHttp,  # as ``contextledger serve`` runs it
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
@@ -74,7 +81,13 @@ def service_in_thread(settings: Settings) -> Iterator[str]:
     """The service on its own thread and loop, for synchronous clients (schemathesis)."""
     app = create_app(settings)
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on"
+        app,
+        host="127.0.0.1",
+        port=0,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        http=OneWriteHttp,  # as ``contextledger serve`` runs it
     )
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]

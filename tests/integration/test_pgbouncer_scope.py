@@ -7,6 +7,7 @@ connection, so every client here runs on the same server session in turn."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
@@ -16,7 +17,8 @@ import pytest
 from contextledger import Ledger
 from tests.integration.conftest import PG_HOST, PG_PORT
 from tests.integration.pgbouncer import Bouncer, running_pgbouncer
-from tests.integration.service_support import new_key
+from tests.integration.segments import data_segments
+from tests.integration.service_support import inserts_held, new_key, until
 
 ROLE = "contextledger_service"
 SETTING = "SELECT current_setting('contextledger.tenant', true)"
@@ -94,6 +96,82 @@ async def test_lone_statements_are_scoped_one_round_trip_each(pg_dsn: str) -> No
                 async with conn.transaction():  # a transaction is scoped at its BEGIN
                     assert await conn.fetchval(SETTING) == "alpha"
             assert await _bare_setting(dsn) in (None, "")
+
+
+def _sent(conn: asyncpg.Connection) -> int:
+    return data_segments(conn._transport.get_extra_info("socket"))[1]
+
+
+async def _segments_per_run(conn: asyncpg.Connection, query: str, *args: object) -> float:
+    """TCP segments sent per run of ``query`` (and its answer checked each time)."""
+    first = await conn.fetchval(query, *args)  # described: later runs are one round trip
+    before = _sent(conn)
+    for _ in range(4):
+        assert await conn.fetchval(query, *args) == first
+    return (_sent(conn) - before) / 4
+
+
+async def test_a_statement_leaves_in_one_tcp_segment(pg_dsn: str) -> None:
+    """A lone statement's scope, ``Parse`` and ``Bind``/``Execute``/``Sync`` were three
+    writes, three segments for the pooler and the server to wake up for; one now, in a
+    transaction and on a connection without a tenant too. The socket is released after
+    each (a cork left on would hold the next writes back)."""
+    await new_key(pg_dsn, "alpha")
+    superuser, dbname = await _names(pg_dsn)
+    count = "SELECT count(*) FROM contextledger.sessions WHERE session_id = $1"
+    with _one_server_connection(superuser) as bouncer:
+        dsn = bouncer.dsn(ROLE, dbname)
+        async with _tenant(dsn, "alpha") as alpha:
+            await alpha.session("one")
+            pool = alpha.store._pool  # type: ignore[attr-defined]
+            async with pool.acquire() as conn:
+                raw = conn._con
+                assert await _segments_per_run(raw, SETTING) == 1
+                assert await _segments_per_run(raw, count, "one") == 1
+                async with raw.transaction():
+                    assert await _segments_per_run(raw, count, "one") == 1
+                sock = raw._transport.get_extra_info("socket")
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK) == 0
+        plain = await Ledger.open(bouncer.dsn(superuser, dbname), pool_size=2, pgbouncer=True)
+        try:
+            async with plain.store._pool.acquire() as conn:  # type: ignore[attr-defined]
+                assert await _segments_per_run(conn._con, count, "one") == 1
+        finally:
+            await plain.close()
+
+
+async def test_appends_arriving_meanwhile_share_the_next_statement(pg_dsn: str) -> None:
+    """Behind the pooler a process has one append statement in flight: the appends that
+    arrive meanwhile go together in the next one. Eight appends to eight sessions, the
+    first held in the database until the others have arrived: two statements (with a
+    second in flight, it took a lone append: three)."""
+    await new_key(pg_dsn, "alpha")
+    superuser, dbname = await _names(pg_dsn)
+    with _one_server_connection(superuser) as bouncer:
+        async with _tenant(bouncer.dsn(ROLE, dbname), "alpha") as alpha:
+            sessions = [await alpha.session(f"g{i}") for i in range(8)]
+            # heads known and both append statements described: then each is one round trip
+            await asyncio.gather(
+                *(s.add_message({"role": "user", "content": "first"}) for s in sessions)
+            )
+            batcher = alpha.store._batcher  # type: ignore[attr-defined]
+            before = bouncer.stats(superuser)
+            async with inserts_held(pg_dsn):
+                sent = [
+                    asyncio.create_task(s.add_message({"role": "user", "content": "second"}))
+                    for s in sessions
+                ]
+
+                async def arrived() -> bool:
+                    return len(batcher._queue) + batcher._inflight == len(sent)
+
+                await until(arrived, "every append reached the batcher")
+            assert [await t for t in sent] == [3] * len(sent)
+            after = bouncer.stats(superuser)
+            assert after["query_count"] - before["query_count"] == 2
+            assert after["xact_count"] - before["xact_count"] == 2
+            for s in sessions:
+                assert [m["content"] for m in await s.get_messages()] == ["first", "second"]
 
 
 async def test_a_statement_that_fails_before_its_sync_closes_the_connection(

@@ -213,3 +213,60 @@ async def test_the_append_functions_answer_as_the_statements_do(pg_dsn: str) -> 
         )
     finally:
         await conn.close()
+
+
+async def test_the_batch_append_function_answers_as_the_statement_does(pg_dsn: str) -> None:
+    """0017's ``append_messages`` (the batch behind PgBouncer) and ``APPEND_MESSAGES``, on
+    twin sessions: the same rows back (each session appended to, its new view_tokens; a
+    stale head writes nothing) and the same events written. Its plan is generic, made
+    once per server session (a statement there was planned at every run)."""
+    from datetime import UTC, datetime
+
+    from contextledger.store.postgres.statements import APPEND_MESSAGES, APPEND_MESSAGES_CALL
+
+    async with Ledger.open(pg_dsn) as ledger:
+        for name in ("a", "b", "c", "d"):
+            await (await ledger.session(name)).add_message({"role": "user", "content": name})
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    now = datetime.now(UTC)
+    data = '{"message": {"role": "user", "content": "y"}}'
+    try:
+        answers, written = [], []
+        for sql, (good, stale) in (
+            (APPEND_MESSAGES, ("a", "b")),
+            (APPEND_MESSAGES_CALL, ("c", "d")),
+        ):
+            heads = {
+                r[0]: (r[1], r[2], r[3])
+                for r in await conn.fetch(
+                    "SELECT session_id, head, last_hash, view_tokens FROM contextledger.sessions"
+                )
+            }
+            (gh, gl, gt), (sh, _, _) = heads[good], heads[stale]
+            rows = [
+                (good, gh + 1, 1, data, 5, now, "k", "h1", gl),
+                (stale, sh + 1, 1, data, 5, now, None, "h1", "not-the-hash"),
+            ]
+            columns = [list(c) for c in zip(*rows, strict=True)]
+            got = await conn.fetch(sql, *columns)
+            answers.append([(r[0] == good, r[1] - gt) for r in got])
+            written.append(
+                [
+                    tuple(r)
+                    for r in await conn.fetch(
+                        "SELECT session_id = $1, seq, hash, idempotency_key, tokens"
+                        " FROM contextledger.events WHERE session_id = ANY($2) AND seq > 2"
+                        " ORDER BY 1, 2",
+                        good,
+                        [good, stale],
+                    )
+                ]
+            )
+        assert answers[0] == answers[1] == [(True, 5)]
+        assert written[0] == written[1] == [(True, 3, "h1", "k", 5)]
+        config = await conn.fetchval(
+            "SELECT proconfig FROM pg_proc WHERE proname = 'append_messages'"
+        )
+        assert config == ["plan_cache_mode=force_generic_plan"]
+    finally:
+        await conn.close()

@@ -15,6 +15,7 @@ import asyncpg
 import uvicorn
 
 from contextledger.errors import ConfigError
+from contextledger.http.protocol import OneWriteHttp
 from contextledger.http.settings import Settings
 from contextledger.store.dsn import asyncpg_dsn
 
@@ -78,6 +79,7 @@ async def serve(settings: Settings) -> None:
         log_config=None,
         timeout_graceful_shutdown=GRACE_S,
         lifespan="on",
+        http=OneWriteHttp,
     )
     await _Server(config).serve()
 
@@ -96,6 +98,13 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+def lean_log_records() -> None:
+    """Log records without caller, thread and process details, which no renderer of ours
+    prints: the Logging HOWTO's "Optimization" switches (~20% of an access line's cost)."""
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+
+
 #: How the parent hands its settings to worker processes (``worker_app``).
 WORKER_SETTINGS = "CONTEXTLEDGER__WORKER_SETTINGS"
 
@@ -107,6 +116,7 @@ def worker_app() -> Any:
 
     proxy.own_process = True
     settings = Settings.from_json(os.environ[WORKER_SETTINGS])
+    lean_log_records()  # a spawned process: the parent's switches are not inherited
     configure_logging(settings.log_format, level="INFO")  # type: ignore[arg-type]
     from contextledger.http.app import create_app
 
@@ -161,6 +171,7 @@ def run_workers(settings: Settings) -> None:
         timeout_graceful_shutdown=GRACE_S,
         lifespan="on",
         loop="uvloop" if loop_factory() is not None else "asyncio",
+        http=OneWriteHttp,
     )
     Multiprocess(config, sockets=[config.bind_socket()]).run()
 
@@ -202,9 +213,6 @@ def run(settings: Settings) -> None:
     if settings.workers > 1:
         run_workers(settings)
         return
-    # Log records without caller, thread and process details, which no renderer of ours
-    # prints: the Logging HOWTO's "Optimization" switches (~20% of an access line's cost).
-    logging._srcfile = None
-    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    lean_log_records()
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(serve(settings))

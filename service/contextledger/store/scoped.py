@@ -121,21 +121,11 @@ class TenantConnection(PoolerConnection):
                 self._lone = False
         return await self._scoped(super()._execute, query, args, limit, timeout, **kw)
 
-    async def _do_execute(
-        self,
-        query: Any,
-        executor: Any,
-        timeout: Any,  # noqa: ASYNC109
-        retry: bool = True,
-        **kw: Any,
-    ) -> Any:
-        """Each run of a lone statement (asyncpg's retry and its type introspection too)
-        goes out with the scope in front, before the same ``Sync``."""
-        scope = self._prefix
-        if not self._lone or scope is None or isinstance(executor, _Prefixed):
-            return await super()._do_execute(query, executor, timeout, retry, **kw)
-        prefixed = _Prefixed(self, scope, executor)
-        return await super()._do_execute(query, prefixed, timeout, retry, **kw)
+    def _lead(self) -> bytes | None:
+        """A lone statement's run (asyncpg's retry and its type introspection too) goes
+        out with the scope in front, before the same ``Sync`` (``OneSegment``, which
+        closes the connection if the statement fails to follow it)."""
+        return self._prefix if self._lone else None
 
     async def _executemany(self, query: Any, args: Any, timeout: Any, **kw: Any) -> Any:  # noqa: ASYNC109
         if self._scope is None or self.is_in_transaction():
@@ -155,29 +145,6 @@ class TenantConnection(PoolerConnection):
         # the pool, which rolls back or replaces it
         await super().execute("COMMIT")
         return result
-
-
-class _Prefixed:
-    """asyncpg's executor of a statement, with the connection's scope written first."""
-
-    __slots__ = ("_conn", "_executor", "_scope")
-
-    def __init__(self, conn: TenantConnection, scope: bytes, executor: Any) -> None:
-        self._conn, self._scope, self._executor = conn, scope, executor
-
-    async def __call__(self, stmt: Any, timeout: Any) -> Any:  # noqa: ASYNC109
-        conn = self._conn
-        sent = conn._protocol.queries_count  # asyncpg counts a statement once it is sent
-        conn._transport.write(self._scope)
-        try:
-            return await self._executor(stmt, timeout)
-        except BaseException:
-            if conn._protocol.queries_count == sent:
-                # failed before the statement and its Sync went out (arguments that do
-                # not encode, a cancellation): the scope would lead whatever comes next
-                # on this connection. It is closed, never reused.
-                conn.terminate()
-            raise
 
 
 async def check_role(conn: asyncpg.Connection) -> bool:

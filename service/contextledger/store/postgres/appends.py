@@ -50,6 +50,7 @@ from contextledger.store.postgres.statements import (
     APPEND_MESSAGE,
     APPEND_MESSAGE_CALL,
     APPEND_MESSAGES,
+    APPEND_MESSAGES_CALL,
     APPEND_SESSION_MESSAGES,
     APPEND_SESSION_MESSAGES_CALL,
     EVENT_COLUMNS,
@@ -75,7 +76,8 @@ class Appends(Lineages):
 
     async def _append_many(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
         columns = [list(c) for c in zip(*rows, strict=True)]
-        records = await self._hot(lambda conn: conn.fetch(APPEND_MESSAGES, *columns))
+        sql = APPEND_MESSAGES_CALL if self._call_appends else APPEND_MESSAGES
+        records = await self._hot(lambda conn: conn.fetch(sql, *columns))
         return {r[0]: r[1] for r in records}
 
     @translated

@@ -90,6 +90,12 @@ SELECT view_tokens FROM s
 #: worker holding the session's shard; the statements above it would plan as two steps
 #: with the rows passing through the coordinator.
 APPEND_MESSAGE_CALL = f"SELECT {S}.append_message($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+#: The batch behind PgBouncer (migration 0017): a statement there is parsed and planned at
+#: every run (no prepared statements); the function's generic plan is kept by the server
+#: session (on Citus there is no batch: each append is a single-shard call).
+APPEND_MESSAGES_CALL = (
+    f"SELECT session_id, view_tokens FROM {S}.append_messages($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+)
 APPEND_SESSION_MESSAGES_CALL = (
     f"SELECT {S}.append_session_messages($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
 )
