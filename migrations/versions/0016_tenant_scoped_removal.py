@@ -27,7 +27,10 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 S = "contextledger"
-TENANT = f" AND tenant_id = {S}.current_tenant()"
+#: A scalar subquery, not the bare call: ``current_tenant()`` is inlined as a COALESCE of
+#: non-immutable calls, which Citus refuses in an UPDATE or DELETE (as a subquery it is
+#: one InitPlan, on one server and in the shard's task alike).
+TENANT = f" AND tenant_id = (SELECT {S}.current_tenant())"
 #: (function, what names the session in its body, the same with the tenant)
 REWRITES: tuple[tuple[str, str, str], ...] = tuple(
     (fn, old, old.replace(end, TENANT + end))

@@ -62,7 +62,9 @@ async def test_explain_shows_one_task_for_the_append_and_the_view(pg_dsn: str) -
 async def test_a_session_s_whole_life_is_single_shard(pg_dsn: str) -> None:
     """With ``citus.multi_task_query_log_level = error`` any statement that needs more
     than one shard fails: a session's appends (one and many), requests with recall,
-    checkpoints, a rollback, a compaction and the purge all run."""
+    checkpoints, a rollback, a compaction and the purge function all run. The store's
+    purge first looks for forks standing on the session, which may live on any shard
+    (listed in ``tests/portability.py``'s CROSS_SESSION): that runs with the guard off."""
     conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
     try:
         name = await conn.fetchval("SELECT current_database()")
@@ -85,7 +87,15 @@ async def test_a_session_s_whole_life_is_single_shard(pg_dsn: str) -> None:
             assert request
             await session.rollback(point)
             assert (await session.get_messages())[-1]["content"] == "y"
-        assert await ledger.store.purge("b", "test") > 0
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        async with conn.transaction():  # as the store runs it: SET LOCAL reaches the workers
+            assert await conn.fetchval("SELECT contextledger.purge_session('b', 'test')") > 0
+    finally:
+        await conn.close()
+    cross = asyncpg_dsn(pg_dsn) + "&citus.multi_task_query_log_level=off"
+    async with Ledger.open(cross) as ledger:
+        assert await ledger.store.purge("c", "test") > 0
     with pytest.raises(asyncpg.PostgresError, match="multi-task"):
         conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
         try:  # the guard itself works: a statement over every shard is refused

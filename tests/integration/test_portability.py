@@ -164,7 +164,8 @@ async def test_0014_on_plain_postgresql_and_back(pg_dsn: str) -> None:
         assert await conn.fetchval("SELECT version_num FROM contextledger.alembic_version") == (
             head_revision()
         )
-        assert "tenant_id = contextledger.current_tenant()" in await conn.fetchval(purge_src)
+        tenant = "tenant_id = (SELECT contextledger.current_tenant())"  # 0016
+        assert tenant in await conn.fetchval(purge_src)
     finally:
         await conn.close()
 

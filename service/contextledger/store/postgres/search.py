@@ -3,6 +3,7 @@ with its closed-gate memo."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Collection, Sequence
@@ -131,6 +132,16 @@ _STORE_FRESH = f""" stored AS (
     INSERT INTO {S}.event_terms (session_id, lexeme, seq, tenant_id, tf, dl)
     SELECT session_id, lexeme, seq, tenant_id, tf, dl FROM fresh ON CONFLICT DO NOTHING
 ),"""
+#: The catch-up alone, for Citus. Citus cannot route a statement with a modifying CTE to
+#: one shard: it runs every CTE of the search as its own step through the coordinator (23
+#: steps), while the search without ``stored`` is one task on the session's worker. There
+#: the catch-up is this statement (4 steps), run beside the unstored search, which
+#: computes the same few fresh postings itself (``Search._citus_search``).
+CITUS_CATCH_UP = (
+    _CATCH_UP
+    + _STORE_FRESH.removesuffix("\n),")
+    + "\n    RETURNING 1\n)\nSELECT count(*) FROM stored"
+)
 #: Lexical recall, in work bounded by the query whatever the session's length (the rules
 #: are ``store.lexical``'s, which ``memory://`` follows in Python). The query becomes
 #: lexemes through PostgreSQL's parser, dictionaries and stop words ($config is the
@@ -499,6 +510,10 @@ class Search(Lineages):
 
         async def attempt() -> list[asyncpg.Record]:
             try:
+                if self.citus is not None and q.text_config == INDEX_TEXT_CONFIG:
+                    return await self._citus_search(
+                        session_id, sql(store=False), args, live=branch is None
+                    )
                 try:
                     return await self._run_search(sql(store=True), args, live=branch is None)
                 except asyncpg.ReadOnlySQLTransactionError:  # a standby: same answer, unstored
@@ -526,6 +541,31 @@ class Search(Lineages):
                     del self._closed[next(iter(self._closed))]
                 self._closed[session_id] = _ClosedGate(upto_seq, frozenset(gaps), tip)
         return [r for r in rows if r[0] != CLOSED]
+
+    async def _citus_search(
+        self, session_id: str, text: str, args: Sequence[Any], *, live: bool
+    ) -> list[asyncpg.Record]:
+        """The unstored search ``text`` and the catch-up that stores what it computed
+        (``CITUS_CATCH_UP``), side by side: the search's answer does not depend on how far
+        the catch-up got (``indexed.upto`` splits stored from fresh). At 2,000 events,
+        three messages to index: 117 ms as one statement, 34 + 37 ms apart; a request
+        took 64-75 ms side by side, 78-105 ms one after the other (loaded 2-core machine)."""
+        done: tuple[
+            list[asyncpg.Record] | BaseException, list[asyncpg.Record] | BaseException
+        ] = await asyncio.gather(
+            self._run_search(CITUS_CATCH_UP, [session_id], live=live),
+            self._run_search(text, args, live=live),
+            return_exceptions=True,
+        )
+        catch_up, rows = done
+        if isinstance(rows, BaseException):
+            raise rows
+        if isinstance(catch_up, BaseException) and not isinstance(
+            catch_up,
+            asyncpg.ReadOnlySQLTransactionError,  # a standby: nothing stored
+        ):
+            raise catch_up
+        return rows
 
     async def _run_search(
         self, text: str, args: Sequence[Any], *, live: bool

@@ -106,6 +106,10 @@ SESSION_COLUMNS = (
     f"EXISTS (SELECT 1 FROM {S}.session_keys k WHERE k.session_id = sessions.session_id), "
     "parent_session_id, parent_seq"
 )
+#: ``SESSION_COLUMNS`` for a statement reading the one session ``$1``: its key's probe
+#: names it too, so Citus routes the statement to that session's shard (correlated to
+#: the row alone, Citus ran it on every shard: 8 tasks for one session's info).
+ONE_SESSION_COLUMNS = SESSION_COLUMNS.replace("= sessions.session_id", "= $1")
 VIEW_COLUMNS = "ord, seq, part, kind, message::text, tokens, critical"
 #: A message event in the implicit tail, in the same columns as a view_items row.
 _TAIL_ROW = (

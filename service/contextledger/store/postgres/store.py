@@ -49,6 +49,7 @@ from contextledger.store.postgres.statements import (
     ERASED_STATE,
     EVENT_COLUMNS,
     NOT_SEALED_STATE,
+    ONE_SESSION_COLUMNS,
     READ_BRANCH_REFS,
     READ_VIEW,
     SESSION_COLUMNS,
@@ -310,7 +311,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
     @translated
     async def session_info(self, session_id: str) -> SessionInfo:
         row = await self._pool.fetchrow(
-            f"SELECT {SESSION_COLUMNS} FROM {S}.sessions WHERE session_id = $1", session_id
+            f"SELECT {ONE_SESSION_COLUMNS} FROM {S}.sessions WHERE session_id = $1", session_id
         )
         if row is None:
             raise SessionNotFound.for_session(session_id)
@@ -481,7 +482,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
     @translated
     async def chain_info(self, session_id: str) -> SessionInfo:
         row = await self._pool.fetchrow(
-            f"SELECT {SESSION_COLUMNS} FROM {S}.sessions WHERE session_id = $1", session_id
+            f"SELECT {ONE_SESSION_COLUMNS} FROM {S}.sessions WHERE session_id = $1", session_id
         )
         if row is None:
             raise SessionNotFound.for_session(session_id)
