@@ -64,16 +64,16 @@ router = APIRouter(tags=["proxy"])
 OWN_FIELDS = frozenset({"messages", "model", "user", "stream", "stream_options"})
 
 
-def loads(body: bytes) -> Any:
-    """The request body parsed: by orjson (a client resends its whole history every
-    call, ~145 kB at 1,200 messages: 0.94 ms in ``json.loads``, 0.51 in orjson), by
-    ``json`` where orjson refuses what ``json`` reads (NaN, lone surrogates), so the
-    same bodies are accepted. (An integer beyond 64 bits becomes a float in orjson,
-    as in most JSON parsers; no chat completion field holds one.)"""
+def loads(body: bytes) -> tuple[Any, bool]:
+    """The request body parsed, and whether orjson read it: by orjson (a client resends
+    its whole history every call, ~145 kB at 1,200 messages: 0.94 ms in ``json.loads``,
+    0.51 in orjson), by ``json`` where orjson refuses what ``json`` reads (NaN, lone
+    surrogates), so the same bodies are accepted. (An integer beyond 64 bits becomes a
+    float in orjson, as in most JSON parsers; no chat completion field holds one.)"""
     try:
-        return orjson.loads(body)
+        return orjson.loads(body), True
     except orjson.JSONDecodeError:
-        return json.loads(body)
+        return json.loads(body), False
 
 
 def essence(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -460,7 +460,7 @@ async def chat_completions(request: Request) -> Response:
     metrics = request.app.state.metrics
     tenant = await tenant_for(request, bearer_is_ours=not settings.pass_client_key)
     try:
-        body = loads(await request.body())
+        body, plain = loads(await request.body())
     except (ValueError, RecursionError):  # nested past the parsers' depth: not a 500
         raise Problem(400, "INVALID_REQUEST", "the body is not JSON") from None
     if not isinstance(body, dict):
@@ -547,7 +547,9 @@ async def chat_completions(request: Request) -> Response:
     skip = 0
     if target is not None:
         try:
-            return await _relayed(request.app.state.relay, target, extra, outgoing, stream, record)
+            return await _relayed(
+                request.app.state.relay, target, extra, outgoing, stream, record, plain
+            )
         except upstream.UpstreamError as exc:
             if not settings.fallbacks:
                 raise _upstream_problem(exc) from exc
@@ -582,17 +584,19 @@ async def _relayed(
     outgoing: list[dict[str, Any]],
     stream: bool,
     record: _Recorder,
+    plain: bool,
 ) -> Response:
     """The request relayed to an OpenAI-compatible upstream (``upstream.Relay``): the
     client's own fields, the budgeted view as ``messages``, the upstream's model name.
-    Raises ``UpstreamError`` when no answer came (after the retries)."""
+    ``plain``: orjson read the client's body (``_encode``). Raises ``UpstreamError`` when
+    no answer came (after the retries)."""
     payload = {"model": target.model, "messages": outgoing, **extra}
     if stream:
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}  # counted, as litellm asks
-        response = await relay.open_stream(target, _encode(payload))
+        response = await relay.open_stream(target, _encode(payload, plain))
         return StreamingResponse(_relay_stream(response, record), media_type="text/event-stream")
-    raw = await relay.complete(target, _encode(payload))
+    raw = await relay.complete(target, _encode(payload, plain))
     try:
         data = json.loads(raw)
     except ValueError:
@@ -610,7 +614,17 @@ async def _relayed(
 _encoder = json.JSONEncoder(check_circular=False, separators=(",", ":"))
 
 
-def _encode(payload: dict[str, Any]) -> bytes:
+def _encode(payload: dict[str, Any], plain: bool) -> bytes:
+    """The relayed request's body: by orjson when it read the client's (the view is
+    as long as the history it keeps: 0.03 against 0.47 ms for 400 messages in ``json``,
+    which grew the proxy's overhead with the session), else by ``json``, which writes
+    back what only it reads (a NaN the client sent goes on as NaN). orjson refuses
+    little else (an integer past 64 bits): ``json`` then."""
+    if plain:
+        try:
+            return orjson.dumps(payload)
+        except orjson.JSONEncodeError:
+            pass
     return _encoder.encode(payload).encode()
 
 
