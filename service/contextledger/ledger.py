@@ -75,6 +75,12 @@ async def warm_up(*models: str, config: ContextConfig | Mapping[str, Any] | None
     await asyncio.to_thread(import_litellm)
     # memory://'s recall index tokenizes with bm25s (numpy: ~0.5 s of import)
     await asyncio.to_thread(importlib.import_module, "bm25s.tokenization")
+    # recall's lexer (PyStemmer) and the tracer look-up (opentelemetry's API, if installed)
+    from contextledger import telemetry
+    from contextledger.store.lexical import tokenize
+
+    await asyncio.to_thread(tokenize, "warm", cfg.recall.text_search_config)
+    await asyncio.to_thread(telemetry.tracer)
     for model in models or (None,):
         if model is not None:
             check_text(model, "model")

@@ -1,10 +1,14 @@
-"""``contextledger.warm_up``: after it, a process's first session and request never stall
-the event loop for more than 50 ms (issue 28, "first hour"). Without it, building the
-tokenizer holds the GIL for ~0.1-0.4 s while ``ledger.session()`` waits on its thread.
+"""``contextledger.warm_up``: after it, a process's first session and request do no
+first-use work on the event loop (issue 28, "first hour": no stall over 50 ms).
 
-A loop-lag probe: a coroutine that sleeps 2 ms over and over and records how late each
-wake-up is; the largest lateness over the first session's calls is the stall. Run in a
-fresh process (the tokenizer cache is per process)."""
+What stalls a loop at first use is one-time work that holds the GIL: building a tiktoken
+encoding (~0.1-0.4 s) and importing modules (bm25s and numpy ~0.5 s, PyStemmer,
+opentelemetry). The test checks that work directly rather than timing the loop (a
+lateness probe read 52-129 ms on a loaded CI machine for a warm process whose first use
+did none of it): in a fresh process (the caches are per process) it records which
+modules get imported and which encodings get built during the first session's calls.
+After ``warm_up``: none. Without it: the tokenizer and recall's lexer load right there,
+which a lateness probe measured as a 0.1-0.5 s stall."""
 
 from __future__ import annotations
 
@@ -15,44 +19,32 @@ import sys
 
 import pytest
 
-#: The issue's bound: no stall longer than this at first use.
-STALL_S = 0.05
-
 PROBE = """
-import asyncio, json, sys, time
+import asyncio, json, sys
 import contextledger
 from contextledger import Ledger
+from contextledger.core import tokens
 
 async def main(dsn, model, warm):
-    lateness = []
-    stop = asyncio.Event()
-
-    async def probe():
-        while not stop.is_set():
-            t = time.perf_counter()
-            await asyncio.sleep(0.002)
-            lateness.append(time.perf_counter() - t - 0.002)
-
     if warm == "warm":
         await contextledger.warm_up(model)
     async with Ledger.open(dsn) as ledger:
-        task = asyncio.create_task(probe())
-        await asyncio.sleep(0.05)
-        mark = len(lateness)
+        modules, encodings = set(sys.modules), set(tokens._encodings)
         session = await ledger.session("warm-" + warm, model=model)
         await session.add_message({"role": "user", "content": "how long is a piece of string?"})
         await session.get_messages_for_request()
         await session.usage()
-        await asyncio.sleep(0.02)
-        stop.set()
-        await task
-    print(json.dumps({"stall": max(lateness[mark:])}))
+        print(json.dumps({
+            "imported": sorted(set(sys.modules) - modules),
+            "built": sorted(set(tokens._encodings) - encodings),
+        }))
 
 asyncio.run(main(*sys.argv[1:]))
 """
 
 
-def _stall(dsn: str, model: str, warm: str) -> float:
+def _first_use(dsn: str, model: str, warm: str) -> dict[str, list[str]]:
+    """What the first session's calls imported and built, in a fresh process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTLEDGER_")}
     done = subprocess.run(
         [sys.executable, "-c", PROBE, dsn, model, warm],
@@ -63,21 +55,28 @@ def _stall(dsn: str, model: str, warm: str) -> float:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["stall"])
+    found: dict[str, list[str]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
 
 
 @pytest.mark.parametrize("model", ["gpt-4o", "claude-sonnet-4-20250514"])
-def test_after_warm_up_the_first_session_never_stalls_the_loop(pg_dsn: str, model: str) -> None:
-    stall = _stall(pg_dsn, model, "warm")
-    assert stall < STALL_S, f"the loop stalled {stall * 1000:.0f} ms after warm_up"
+def test_after_warm_up_the_first_session_loads_nothing(pg_dsn: str, model: str) -> None:
+    assert _first_use(pg_dsn, model, "warm") == {"imported": [], "built": []}
 
 
-def test_after_warm_up_a_memory_session_never_stalls_the_loop() -> None:
-    """memory:// too: its recall index imports bm25s (numpy), which warm_up loads."""
-    stall = _stall("memory://", "gpt-4o", "warm")
-    assert stall < STALL_S, f"the loop stalled {stall * 1000:.0f} ms after warm_up"
+def test_after_warm_up_a_memory_session_loads_nothing() -> None:
+    """memory:// too: its recall index tokenizes with bm25s (numpy), which warm_up loads."""
+    assert _first_use("memory://", "gpt-4o", "warm") == {"imported": [], "built": []}
 
 
-def test_without_warm_up_the_first_session_did_stall(pg_dsn: str) -> None:
-    """The probe sees the stall warm_up exists for (so the test above can fail)."""
-    assert _stall(pg_dsn, "gpt-4o", "cold") >= STALL_S
+def test_without_warm_up_the_first_session_loads_the_tokenizer(pg_dsn: str) -> None:
+    """The probe sees the first-use work warm_up exists for (so the tests above can fail)."""
+    cold = _first_use(pg_dsn, "gpt-4o", "cold")
+    assert cold["built"] == ["o200k_base"]
+    assert {"tiktoken", "tiktoken_ext.openai_public"} <= set(cold["imported"])
+
+
+def test_without_warm_up_a_memory_session_loads_its_lexer() -> None:
+    cold = _first_use("memory://", "gpt-4o", "cold")
+    assert cold["built"] == ["o200k_base"]
+    assert {"bm25s.tokenization", "Stemmer"} <= set(cold["imported"])
