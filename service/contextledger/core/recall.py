@@ -286,7 +286,14 @@ def anchor_of(view: Sequence[ViewItem], end: int | None, head: int) -> int:
 
 
 #: Reciprocal rank fusion's constant (Cormack et al. 2009): ranks, not scores, are fused.
-RRF_K = 60
+#: Small, because a block holds ~10-30 lines: at the paper's 60 (made for deep pools of
+#: many rankers) every seq found by both rankers, however far down, outranked each
+#: ranker's best found by it alone (a question's best lexical match came 15th of the
+#: fused list, below the block's room: ``bench/conversations.py`` with embeddings, 10%
+#: budget, 70% any against 80% lexical alone; 81% at 5). Whatever the other ranker says,
+#: each ranker's best is among the fused first 2k + 4 (the seqs that can tie or beat it
+#: have both ranks a, b with a*b <= (k + 1)^2): 14 at 5, 124 at 60.
+RRF_K = 5
 
 
 def fuse(rankings: Sequence[Sequence[int]], *, k: int = RRF_K) -> list[int]:

@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 from contextledger.core.config import ContextConfig
 from contextledger.core.recall import (
     RECALL_OPEN,
+    RRF_K,
     RecallBlock,
     Recalled,
     asks_about_past,
+    fuse,
     give_back,
     leaves_out,
     make_room,
@@ -375,3 +377,30 @@ def test_lines_are_dated_where_the_day_changes() -> None:
         "[#4 assistant] Lovely",
         "[#40 2023-05-25 user] Back home",
     ]
+
+
+_RANKING = st.lists(st.integers(1, 60), unique=True, max_size=40)
+
+
+@settings(max_examples=examples(300))
+@given(_RANKING, _RANKING)
+def test_fusion_keeps_each_ranker_s_best_near_the_top(
+    lexical: list[int], nearest: list[int]
+) -> None:
+    """A block holds a few lines: whatever the other ranker says, each one's best stays among
+    the fused first 2k + 4, and the fused list holds every candidate once."""
+    fused = fuse([lexical, nearest])
+    assert sorted(fused) == sorted(set(lexical) | set(nearest))
+    for ranking in (lexical, nearest):
+        if ranking:
+            assert fused.index(ranking[0]) < 2 * RRF_K + 4
+
+
+def test_a_lexical_best_the_embeddings_missed_is_not_buried_by_their_agreement() -> None:
+    """The pattern behind hybrid's losses on bench/conversations.py: the question's best
+    lexical match is absent from the nearest-by-embedding list, and fifteen weaker
+    candidates are on both lists. At the paper's k (60) it came 16th, past the block."""
+    shared = list(range(1, 16))
+    fused = fuse([[99, *shared], shared])
+    assert fused.index(99) <= 7
+    assert fused[0] == 1  # agreement still counts: first on both lists is first
