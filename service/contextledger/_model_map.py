@@ -27,26 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from contextledger.core.model_limits import LIVE_LOOKUP_PROVIDERS
+
 #: A spelling no row answers (litellm would raise ``ModelNotMappedError``).
 MISS: Final = "miss"
 #: ``(row, key)``: the row litellm's lookup settles on and its key; :data:`MISS`; or
 #: ``None`` when this module cannot tell and litellm must be asked.
 Answer = tuple[Mapping[str, Any], str] | Literal["miss"] | None
 
-# Prefixes whose get_model_info asks a live server: core reads their static row only
-# (contextledger.core.model_limits._LIVE_LOOKUP_PROVIDERS, lower-cased like there).
-LIVE: Final = frozenset(
-    {
-        "ollama",
-        "ollama_chat",
-        "lemonade",
-        "huggingface",
-        "vllm",
-        "hosted_vllm",
-        "litellm_proxy",
-        "lm_studio",
-    }
-)
+# Prefixes whose get_model_info asks a live server: core reads their static row only.
+LIVE: Final = LIVE_LOOKUP_PROVIDERS
 # litellm.azure_llms and azure_embedding_models: a name litellm swaps for another first.
 _AZURE_ALIASES: Final = frozenset(
     {

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import json
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -92,6 +92,18 @@ def _no_tenant(ctx: click.Context, why: str) -> None:
     """Commands that act as the database's administrator, not as a tenant."""
     if ctx.obj.get("tenant"):
         raise click.UsageError(f"--tenant does not apply to `{ctx.info_name}`: {why}")
+
+
+def _print_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    keep: Collection[str] = (),
+    full: bool = False,
+) -> None:
+    """Print a ``fitted_table`` as wide as the terminal (the listings but ``erasures``)."""
+    console.print(fitted_table(title, columns, rows, width=console.width, keep=keep, full=full))
 
 
 def _full_option(fn: F) -> F:
@@ -257,15 +269,12 @@ async def sessions(ctx: click.Context, as_json: bool, full: bool) -> None:
         )
         for s in found
     ]
-    console.print(
-        fitted_table(
-            "sessions",
-            ("session", "created", "model", "events", "view tokens", "view items"),
-            rows,
-            width=console.width,
-            keep=("events", "view tokens", "view items"),
-            full=full,
-        )
+    _print_table(
+        "sessions",
+        ("session", "created", "model", "events", "view tokens", "view items"),
+        rows,
+        keep=("events", "view tokens", "view items"),
+        full=full,
     )
 
 
@@ -319,15 +328,12 @@ async def events(
                     e.hash if full else e.hash[:12],
                 )
             )
-        console.print(
-            fitted_table(
-                f"events of {session_id}",
-                ("seq", "type", "role", "tokens", "at", "detail", "hash"),
-                rows,
-                width=console.width,
-                keep=("seq", "role", "tokens"),
-                full=full,
-            )
+        _print_table(
+            f"events of {session_id}",
+            ("seq", "type", "role", "tokens", "at", "detail", "hash"),
+            rows,
+            keep=("seq", "role", "tokens"),
+            full=full,
         )
 
 
@@ -429,14 +435,11 @@ async def checkpoints(ctx: click.Context, session_id: str, as_json: bool) -> Non
         _echo_json([{"seq": c.seq, "label": c.label, "created_at": c.created_at} for c in found])
         return
     rows = [(str(c.seq), c.label or "-", c.created_at.isoformat(timespec="seconds")) for c in found]
-    console.print(
-        fitted_table(
-            f"checkpoints of {session_id}",
-            ("seq", "label", "at"),
-            rows,
-            width=console.width,
-            keep=("seq",),
-        )
+    _print_table(
+        f"checkpoints of {session_id}",
+        ("seq", "label", "at"),
+        rows,
+        keep=("seq",),
     )
 
 
@@ -561,15 +564,12 @@ async def purges(ctx: click.Context, as_json: bool, full: bool) -> None:
         )
         for r in records
     ]
-    console.print(
-        fitted_table(
-            "purged sessions",
-            ("session", "purged at", "by", "events", "reason", "last hash"),
-            rows,
-            width=console.width,
-            keep=("events",),
-            full=full,
-        )
+    _print_table(
+        "purged sessions",
+        ("session", "purged at", "by", "events", "reason", "last hash"),
+        rows,
+        keep=("events",),
+        full=full,
     )
 
 
@@ -807,14 +807,11 @@ async def keys_list(ctx: click.Context) -> None:
         )
         for k in found
     ]
-    console.print(
-        fitted_table(
-            "API keys",
-            ("key id", "tenant", "name", "created", "revoked"),
-            rows,
-            width=console.width,
-            keep=("key id",),
-        )
+    _print_table(
+        "API keys",
+        ("key id", "tenant", "name", "created", "revoked"),
+        rows,
+        keep=("key id",),
     )
 
 

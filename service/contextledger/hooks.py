@@ -82,26 +82,25 @@ class HookBus:
                 if inspect.isawaitable(result):
                     await result
             except Exception as exc:
-                log.warning(
-                    "hook_failed",
-                    hook_event=event_name,
-                    handler=_name(handler),
-                    error=f"{type(exc).__name__}: {exc}",
-                )
+                _failed(event_name, _name(handler), _raised(exc))
         if self.forward_to is not None:
             try:
                 await self.forward_to.emit(event_name, dict(data))
             except Exception as exc:
-                log.warning(
-                    "hook_failed",
-                    hook_event=event_name,
-                    handler="forward_to",
-                    error=f"{type(exc).__name__}: {exc}",
-                )
+                _failed(event_name, "forward_to", _raised(exc))
 
 
 def _name(handler: object) -> str:
     return str(getattr(handler, "__qualname__", None) or type(handler).__name__)
+
+
+def _raised(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _failed(event_name: str, handler: str, error: str) -> None:
+    """The one log line (``hook_failed``) for a hook that raised or answered wrongly."""
+    log.warning("hook_failed", hook_event=event_name, handler=handler, error=error)
 
 
 # ---------------------------------------------------------------- pre-compact decision
@@ -147,21 +146,13 @@ async def decide(handler: PreCompactHandler | None, ctx: CompactContext) -> Comp
         if inspect.isawaitable(result):
             result = await result
     except Exception as exc:
-        log.warning(
-            "hook_failed",
-            hook_event=PRE_COMPACT,
-            handler=_name(handler),
-            error=f"{type(exc).__name__}: {exc}",
-        )
+        _failed(PRE_COMPACT, _name(handler), _raised(exc))
         return default
     if result is None:
         return default
     if not isinstance(result, CompactDecision):
-        log.warning(
-            "hook_failed",
-            hook_event=PRE_COMPACT,
-            handler=_name(handler),
-            error=f"returned {type(result).__name__}, not CompactDecision",
+        _failed(
+            PRE_COMPACT, _name(handler), f"returned {type(result).__name__}, not CompactDecision"
         )
         return default
     return result

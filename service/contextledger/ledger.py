@@ -11,6 +11,7 @@ import asyncio
 import importlib
 import os
 from collections.abc import Generator, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -178,32 +179,24 @@ class Ledger:
         """
         return _Opener(
             cls,
-            dsn,
-            home,
-            migrate,
-            config,
-            pool_size,
-            tenant,
-            role,
-            retry_appends,
-            pgbouncer,
-            keyring,
+            _OpenArgs(
+                dsn,
+                home,
+                migrate,
+                config,
+                pool_size,
+                tenant,
+                role,
+                retry_appends,
+                pgbouncer,
+                keyring,
+            ),
         )
 
     @classmethod
-    async def _open(
-        cls,
-        dsn: str | None,
-        home: str | None,
-        migrate: bool | None,
-        config: ContextConfig | Mapping[str, Any] | str | None,
-        pool_size: int,
-        tenant: str | None = None,
-        role: str | None = None,
-        retry_appends: RetryPolicy | None = None,
-        pgbouncer: bool = False,
-        keyring: KeyRing | None = None,
-    ) -> Ledger:
+    async def _open(cls, args: _OpenArgs) -> Ledger:
+        dsn, home, migrate, config = args.dsn, args.home, args.migrate, args.config
+        pool_size, retry_appends, keyring = args.pool_size, args.retry_appends, args.keyring
         if retry_appends is not None and not isinstance(retry_appends, RetryPolicy):
             raise InvalidArgument("retry_appends must be a RetryPolicy", field="retry_appends")
         from pathlib import Path
@@ -248,9 +241,9 @@ class Ledger:
             store = await postgres.PostgresStore.connect(
                 dsn,
                 max_size=pool_size,
-                tenant=tenant,
-                role=role,
-                pgbouncer=pgbouncer,
+                tenant=args.tenant,
+                role=args.role,
+                pgbouncer=args.pgbouncer,
                 keyring=keyring,
             )
         except StoreError as exc:  # say which DSN to fix: the argument or the variable
@@ -535,18 +528,34 @@ class Ledger:
             await self.store.close()
 
 
+@dataclass(frozen=True)
+class _OpenArgs:
+    """``Ledger.open``'s arguments (documented there), kept until it is awaited or entered."""
+
+    dsn: str | None
+    home: str | None
+    migrate: bool | None
+    config: ContextConfig | Mapping[str, Any] | str | None
+    pool_size: int
+    tenant: str | None
+    role: str | None
+    retry_appends: RetryPolicy | None
+    pgbouncer: bool
+    keyring: KeyRing | None
+
+
 class _Opener:
     """``Ledger.open(...)`` works both as ``await`` and as ``async with``."""
 
-    def __init__(self, cls: type[Ledger], *args: Any) -> None:
+    def __init__(self, cls: type[Ledger], args: _OpenArgs) -> None:
         self._cls, self._args = cls, args
         self._ledger: Ledger | None = None
 
     def __await__(self) -> Generator[Any, None, Ledger]:
-        return self._cls._open(*self._args).__await__()
+        return self._cls._open(self._args).__await__()
 
     async def __aenter__(self) -> Ledger:
-        self._ledger = await self._cls._open(*self._args)
+        self._ledger = await self._cls._open(self._args)
         return self._ledger
 
     async def __aexit__(self, *exc: object) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Collection, Coroutine, Sequence
+from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import Any, Protocol
 
@@ -141,17 +142,19 @@ async def recall_for_request(
         },
     ) as span:
         block = await _recall(
-            store,
-            session_id,
-            query,
-            view=view,
-            budget_tokens=budget_tokens,
-            config=config,
-            counter=counter,
-            upto_seq=upto_seq,
-            branch=branch,
-            api_key=api_key,
-            hop=hop,
+            _Search(
+                store=store,
+                session_id=session_id,
+                query=query,
+                view=view,
+                budget_tokens=budget_tokens,
+                config=config,
+                counter=counter,
+                upto_seq=upto_seq,
+                branch=branch,
+                api_key=api_key,
+                hop=hop,
+            )
         )
         if span is not None:
             span.set_attribute("gen_ai.memory.record.count", len(block.seqs))
@@ -159,20 +162,27 @@ async def recall_for_request(
         return block
 
 
-async def _recall(
-    store: Store,
-    session_id: str,
-    query: str,
-    *,
-    view: Sequence[ViewItem],
-    budget_tokens: int,
-    config: RecallConfig,
-    counter: TokenCounter,
-    upto_seq: int,
-    branch: Collection[int] | None,
-    api_key: str | None,
-    hop: bool,
-) -> RecallBlock:
+@dataclass(frozen=True, slots=True)
+class _Search:
+    """One recall search, as ``recall_for_request`` was asked for it (its arguments, and
+    the query taken from the view): what ``_recall`` and ``_semantic`` work from."""
+
+    store: Store
+    session_id: str
+    query: str
+    view: Sequence[ViewItem]
+    budget_tokens: int
+    config: RecallConfig
+    counter: TokenCounter
+    upto_seq: int
+    branch: Collection[int] | None
+    api_key: str | None
+    hop: bool
+
+
+async def _recall(q: _Search) -> RecallBlock:
+    store, session_id, query, view, config = q.store, q.session_id, q.query, q.view, q.config
+    upto_seq, branch = q.upto_seq, q.branch
     anchor = query_anchor(view, upto_seq)
     carried = carried_seqs(view, anchor)
     matches, messages = await store.search_messages(
@@ -184,7 +194,7 @@ async def _recall(
         limit=config.max_matches,
         text_config=config.text_search_config,
         head=upto_seq if branch is None else None,
-        hop=hop,
+        hop=q.hop,
     )
     ranked = [seq for seq, score in matches if score > 0]
     hops = [seq for seq, score in matches if score < 0]  # the second hop's, best first
@@ -192,9 +202,7 @@ async def _recall(
     hybrid = config.engine == "hybrid" and bool(config.embedding_model)
     if hybrid:
         carried = carried_seqs(view, upto_seq)
-        nearest = await _semantic(
-            store, session_id, view, config, upto_seq, branch, carried, api_key
-        )
+        nearest = await _semantic(q, carried)
         if nearest:
             ranked = fuse([ranked, nearest])[: config.max_matches]
             kept = set(ranked)  # a lexical match fusion dropped is no candidate
@@ -224,27 +232,14 @@ async def _recall(
         strong = sum(1 for _, score in matches if score >= STRONG * best)
         at = order.index(ranked[strong - 1]) + 1
         order = [*order[:at], *hops[:HOP_FIRST], *order[at:], *hops[HOP_FIRST:]]
-    return pick(
-        order,
-        messages,
-        budget_tokens=budget_tokens,
-        counter=counter,
-        query=query,
-    )
+    return pick(order, messages, budget_tokens=q.budget_tokens, counter=q.counter, query=query)
 
 
-async def _semantic(
-    store: Store,
-    session_id: str,
-    view: Sequence[ViewItem],
-    config: RecallConfig,
-    upto_seq: int,
-    branch: Collection[int] | None,
-    carried: Collection[int],
-    api_key: str | None,
-) -> list[int]:
+async def _semantic(q: _Search, carried: Collection[int]) -> list[int]:
     """Left-out seqs nearest the latest turn by embedding; [] where vectors are not kept
     (memory://, PostgreSQL without pgvector) or the embedder fails (lexical recall stays)."""
+    store, session_id, view, config = q.store, q.session_id, q.view, q.config
+    upto_seq, branch = q.upto_seq, q.branch
     model = config.embedding_model
     at = latest_turn(view)
     if model is None or at is None or view[at].seq <= 0 or not await store.vectors_available():
@@ -258,7 +253,7 @@ async def _semantic(
             for start in range(0, len(todo), EMBED_BATCH):
                 batch = todo[start : start + EMBED_BATCH]
                 texts = [message_text(r.message)[:MAX_EMBED_CHARS] or " " for r in batch]
-                vectors = await embed(texts, config, api_key)
+                vectors = await embed(texts, config, q.api_key)
                 await store.store_embeddings(
                     session_id,
                     model,

@@ -198,7 +198,6 @@ def test_the_copied_constants_are_litellm_s(litellm: Any) -> None:
     )
     assert _model_map._BACKFILL_MODES == utils._BACKFILL_MODES
     assert frozenset(constants.PROVIDERS_THAT_AUTHENTICATE_ON_PROVIDER_INFO) == (ml._AUTHENTICATING)
-    assert {p.lower() for p in ml._LIVE_LOOKUP_PROVIDERS} == _model_map.LIVE
     providers = set(litellm.provider_list)
     assert providers >= _model_map.PREFIXES | _model_map._VERTEX_STRIP
     assert litellm.AnthropicTextConfig._is_anthropic_text_model("claude-2")

@@ -39,6 +39,7 @@ from contextledger import (
     OwnedLedger,
     Session,
 )
+from contextledger.adapters._checks import check_token_budget
 from contextledger.adapters._loops import LoopThread
 from contextledger.extras import missing_extra
 
@@ -336,10 +337,7 @@ class LedgerSession(SessionABC):
         session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> None:
         source = OwnedLedger(ledger, dsn, error=lambda m: UserError(f"LedgerSession: {m}"))
-        if token_budget is not None and (
-            isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget <= 0
-        ):
-            raise UserError("token_budget must be a positive int")
+        check_token_budget(token_budget, UserError)
         self.session_id = session_id
         self.session_settings = (
             coerce_session_settings(session_settings)

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from contextledger import InvalidInput, Ledger, OwnedLedger, Session
+from contextledger.adapters._checks import check_token_budget
 from contextledger.extras import missing_extra
 
 try:
@@ -233,10 +234,7 @@ class LedgerHistory:
         config: Mapping[str, Any] | None = None,
     ) -> None:
         self._source = OwnedLedger(ledger, dsn, error=lambda m: UserError(f"LedgerHistory: {m}"))
-        if token_budget is not None and (
-            isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget <= 0
-        ):
-            raise UserError("token_budget must be a positive int")
+        check_token_budget(token_budget, UserError)
         self.session_id = session_id
         self.token_budget = token_budget
         self._model = model

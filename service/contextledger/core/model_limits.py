@@ -90,8 +90,9 @@ BUILTIN_LIMITS: tuple[tuple[str, int, int], ...] = (
     ("llama-3-*", 8192, 4096),
 )
 
-# Providers whose litellm ``get_model_info`` queries a live server first.
-_LIVE_LOOKUP_PROVIDERS = frozenset(
+#: Providers whose litellm ``get_model_info`` queries a live server first (lower case:
+#: prefixes are lowered before the look-up); ``contextledger._model_map`` reads it too.
+LIVE_LOOKUP_PROVIDERS = frozenset(
     {
         "ollama",
         "ollama_chat",
@@ -192,7 +193,7 @@ def _litellm_lookup(name: str) -> ModelLimits | None:
     entry: Mapping[str, Any] | None = None
     key = name
     prefix = name.split("/", 1)[0].lower() if "/" in name else ""
-    if prefix in _LIVE_LOOKUP_PROVIDERS:
+    if prefix in LIVE_LOOKUP_PROVIDERS:
         entry = cost_map.get(name)  # static row only: get_model_info would ask the server
     else:
         if prefix in _AUTHENTICATING:
@@ -202,7 +203,7 @@ def _litellm_lookup(name: str) -> ModelLimits | None:
                 provider = litellm.get_llm_provider(name)[1]
             except Exception:
                 provider = None
-        if provider in _LIVE_LOOKUP_PROVIDERS:
+        if provider in LIVE_LOOKUP_PROVIDERS:
             entry = cost_map.get(name)
         else:
             try:

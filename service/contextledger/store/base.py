@@ -47,6 +47,30 @@ class SessionInfo:
     parent: tuple[str, int] | None = None
 
 
+def created_info(
+    session_id: str,
+    created_at: datetime,
+    payload: SessionCreated,
+    first_hash: str,
+    *,
+    sealed: bool,
+) -> SessionInfo:
+    """The row of a session ``create_session`` just made: its creation event (seq 1,
+    hashed ``first_hash``) is its head, its view is empty (every store answers alike)."""
+    return SessionInfo(
+        session_id,
+        created_at,
+        payload.model,
+        payload.config,
+        payload.metadata,
+        1,
+        first_hash,
+        0,
+        0,
+        sealed=sealed,
+    )
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A point ``rollback`` can return to: its seq and label (``session.checkpoint``)."""

@@ -29,6 +29,12 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 _RETRY = "Retry later; appends carrying an idempotency key are safe to retry."
+#: A connection that failed (by SQLSTATE, by driver exception or by OS error): one verdict.
+_CONNECTION_FAILED: tuple[type[ContextLedgerError], str, str] = (
+    LedgerUnavailable,
+    "CONNECTION_LOST",
+    "the connection failed. " + _RETRY,
+)
 
 #: SQLSTATE → (family, code, what to do). Classes are matched by SQLSTATE so a
 #: SQLAlchemy-wrapped error (which carries ``.sqlstate`` too) maps the same way.
@@ -50,9 +56,9 @@ _SQLSTATES: dict[str, tuple[type[ContextLedgerError], str, str]] = {
         "the server has no free connection slots. Retry later, lower pool_size, "
         "or raise max_connections.",
     ),
-    "08000": (LedgerUnavailable, "CONNECTION_LOST", "the connection failed. " + _RETRY),
+    "08000": _CONNECTION_FAILED,
     "08003": (LedgerUnavailable, "CONNECTION_LOST", "the connection is gone. " + _RETRY),
-    "08006": (LedgerUnavailable, "CONNECTION_LOST", "the connection failed. " + _RETRY),
+    "08006": _CONNECTION_FAILED,
     "08001": (
         LedgerUnavailable,
         "CONNECTION_REFUSED",
@@ -130,9 +136,7 @@ def translate(exc: BaseException) -> ContextLedgerError | None:
         if str(sqlstate).startswith("28"):
             return _found(LedgerCredentialsRejected, "CREDENTIALS_REJECTED", _CREDENTIALS, exc)
         if isinstance(exc, asyncpg.PostgresConnectionError) or str(sqlstate).startswith("08"):
-            return _found(
-                LedgerUnavailable, "CONNECTION_LOST", "the connection failed. " + _RETRY, exc
-            )
+            return _found(*_CONNECTION_FAILED, exc)
         if isinstance(exc, asyncpg.PostgresError):
             return _found(
                 LedgerRefused,
@@ -152,7 +156,7 @@ def translate(exc: BaseException) -> ContextLedgerError | None:
             )
         if isinstance(exc, asyncpg.ClientConfigurationError | ValueError):
             return None  # a bug or bad argument on our side: not an outage
-        return _found(LedgerUnavailable, "CONNECTION_LOST", "the connection failed. " + _RETRY, exc)
+        return _found(*_CONNECTION_FAILED, exc)
     if isinstance(exc, asyncpg.InternalClientError):
         return _found(
             LedgerUnavailable, "CONNECTION_LOST", "the connection broke mid-call. " + _RETRY, exc
@@ -183,7 +187,7 @@ def translate(exc: BaseException) -> ContextLedgerError | None:
             exc,
         )
     if isinstance(exc, OSError):  # resets, broken pipes, connect timeouts
-        return _found(LedgerUnavailable, "CONNECTION_LOST", "the connection failed. " + _RETRY, exc)
+        return _found(*_CONNECTION_FAILED, exc)
     return None
 
 

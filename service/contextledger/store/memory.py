@@ -52,6 +52,7 @@ from contextledger.store.base import (
     SearchQuery,
     SessionInfo,
     Store,
+    created_info,
 )
 from contextledger.store.sealing import KeyRing, Sealer
 
@@ -302,17 +303,8 @@ class MemoryStore(Store):
         event = make_event(session_id, 1, payload, GENESIS_HASH, created_at=created_at)
         event = replace(event, data=copy.deepcopy(event.payload.to_data()), position=1)
         state = apply(ViewState(), event)
-        info = SessionInfo(
-            session_id,
-            created_at,
-            payload.model,
-            payload.config,
-            payload.metadata,
-            1,
-            event.hash,
-            0,
-            0,
-            sealed=self._keyring is not None,
+        info = created_info(
+            session_id, created_at, payload, event.hash, sealed=self._keyring is not None
         )
         self._streams[session_id] = _Stream(info, [event], state)
         return info

@@ -159,20 +159,14 @@ SELECT {_TAIL_ROW} FROM {S}.events e
  ORDER BY e.seq"""
 #: A fork's own part of its view in one statement (one snapshot): a first row with its
 #: watermark, head and parent (seq capped to the column: compared, never used), then its
-#: materialized rows and its own message events after the watermark. The ancestors'
-#: messages between the watermark and the fork point are append-only, so they are read
-#: after it, by each ancestor's id, with no transaction.
+#: materialized rows and its own message events after the watermark (``READ_VIEW``). The
+#: ancestors' messages between the watermark and the fork point are append-only, so they
+#: are read after it, by each ancestor's id, with no transaction.
 READ_FORK_VIEW = f"""
 SELECT -1::bigint, view_base, head, 'watermark', parent_session_id,
        least(parent_seq, 2147483647)::int, false FROM {S}.sessions
  WHERE session_id = $1
-UNION ALL
-SELECT {VIEW_COLUMNS} FROM {S}.view_items
- WHERE session_id = $1 AND gen = {_VIEW_GEN}
-UNION ALL
-SELECT {_TAIL_ROW} FROM {S}.events e
- WHERE e.session_id = $1 AND e.seq > {_VIEW_BASE} AND e.type = 'message.appended'
-ORDER BY 1"""
+UNION ALL{READ_VIEW}"""
 BRANCH_SEQ = f"SELECT seq FROM ({READ_BRANCH_REFS}) refs OFFSET $2 LIMIT 1"
 #: User messages read back from the tail's start to find the latest human turn (the
 #: others are tool results in Anthropic's shape): a bound, so reopening stays O(budget).

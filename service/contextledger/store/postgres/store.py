@@ -34,6 +34,7 @@ from contextledger.store.base import (
     Erasure,
     RebuildReport,
     SessionInfo,
+    created_info,
 )
 from contextledger.store.batching import AppendBatcher
 from contextledger.store.distributed import Citus
@@ -295,27 +296,20 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         self._remember_head(session_id, (1, event.hash))
         self._sealers[session_id] = sealer
         self._lineages[session_id] = ()
-        return SessionInfo(
-            session_id,
-            created_at,
-            payload.model,
-            payload.config,
-            payload.metadata,
-            1,
-            event.hash,
-            0,
-            0,
-            sealed=sealer is not None,
-        )
+        return created_info(session_id, created_at, payload, event.hash, sealed=sealer is not None)
 
-    @translated
-    async def session_info(self, session_id: str) -> SessionInfo:
+    async def _stored_info(self, session_id: str) -> SessionInfo:
+        """The session's row as stored (erased or not), this store's caches untouched."""
         row = await self._pool.fetchrow(
             f"SELECT {ONE_SESSION_COLUMNS} FROM {S}.sessions WHERE session_id = $1", session_id
         )
         if row is None:
             raise SessionNotFound.for_session(session_id)
-        info = _info(row)
+        return _info(row)
+
+    @translated
+    async def session_info(self, session_id: str) -> SessionInfo:
+        info = await self._stored_info(session_id)
         known = self._lineages.get(session_id)
         if info.parent is None:
             self._lineages[session_id] = ()
@@ -481,12 +475,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
 
     @translated
     async def chain_info(self, session_id: str) -> SessionInfo:
-        row = await self._pool.fetchrow(
-            f"SELECT {ONE_SESSION_COLUMNS} FROM {S}.sessions WHERE session_id = $1", session_id
-        )
-        if row is None:
-            raise SessionNotFound.for_session(session_id)
-        return _info(row)
+        return await self._stored_info(session_id)
 
     def stored_events(
         self, session_id: str, from_seq: int = 1, to_seq: int | None = None

@@ -129,13 +129,7 @@ class Vectors(Lineages):
             "query_seq": query_seq,
             "limit": limit,
         }
-        if branch is None:
-            sql = VECTOR_SEARCH.format(branch=_ON_BRANCH)
-        else:
-            sql = VECTOR_SEARCH.format(branch=_ON_GIVEN_BRANCH)
-            values["branch"] = seq_ranges(branch)
-        text, args = bind(sql, values, session_id)
-        rows = await self._pool.fetch(text, *args)
+        rows = await self._fetch_on_branch(VECTOR_SEARCH, values, session_id, branch)
         return [(r[0], float(r[1])) for r in rows]
 
     @translated
@@ -166,11 +160,23 @@ class Vectors(Lineages):
             return out
         sealer = await self._sealer(session_id, fresh=True)
         values: dict[str, Any] = {"seqs": sorted(seqs), "upto": upto_seq}
+        rows = await self._fetch_on_branch(RECALL_MESSAGES, values, session_id, branch)
+        return [Recalled(r[0], _opened(r[0], json.loads(r[1]), sealer), r[2], r[3]) for r in rows]
+
+    async def _fetch_on_branch(
+        self,
+        template: str,
+        values: dict[str, Any],
+        session_id: str,
+        branch: Collection[int] | None,
+    ) -> list[asyncpg.Record]:
+        """``template``'s rows on the session's live branch, or on ``branch`` (a replay's
+        seqs, bound as ranges into ``values``)."""
         if branch is None:
-            sql = RECALL_MESSAGES.format(branch=_ON_BRANCH)
+            sql = template.format(branch=_ON_BRANCH)
         else:
-            sql = RECALL_MESSAGES.format(branch=_ON_GIVEN_BRANCH)
+            sql = template.format(branch=_ON_GIVEN_BRANCH)
             values["branch"] = seq_ranges(branch)
         text, args = bind(sql, values, session_id)
-        rows = await self._pool.fetch(text, *args)
-        return [Recalled(r[0], _opened(r[0], json.loads(r[1]), sealer), r[2], r[3]) for r in rows]
+        rows: list[asyncpg.Record] = await self._pool.fetch(text, *args)
+        return rows
