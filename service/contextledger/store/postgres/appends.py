@@ -131,13 +131,6 @@ class Appends(Lineages):
             expected_seq=expected_seq,
         )
 
-    async def _head(self, session_id: str, *, fresh: bool = False) -> tuple[int, str]:
-        cached = None if fresh else self._heads.get(session_id)
-        if cached is None:
-            info = await self.session_info(session_id)
-            cached = (info.head, info.last_hash)
-        return cached
-
     async def _append_message(
         self,
         session_id: str,
