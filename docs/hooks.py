@@ -7,8 +7,10 @@ docs cannot drift from what they describe:
   type and default, from the dataclasses in ``core/config.py``;
 - ``<!-- generated: settings -->``: every service setting, its ``CONTEXTLEDGER_*``
   variable, default and help, from ``http/settings.Settings``;
-- ``<!-- generated: turns -->`` / ``<!-- generated: conversations -->``: the figures of
-  ``bench/results/turns.json`` / ``conversations.json``, with their date and commit.
+- ``<!-- generated: turns -->`` / ``<!-- generated: conversations -->`` /
+  ``<!-- generated: conversations-hybrid -->`` / ``<!-- generated: needles -->``: the
+  figures of ``bench/results/turns.json`` / ``conversations.json`` /
+  ``conversations-hybrid.json`` / ``recall.json``, with their date and commit.
 
 A field's help is its metadata ``help``: config fields declare theirs once, with their
 check (``core/config.py``'s ``setting``), as the service settings do.
@@ -32,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.M)
+
 
 def _type_name(tp: Any) -> str:
     """A field type as a reader writes it (``int | None``, ``'a' | 'b'``, ``list``)."""
@@ -148,9 +151,9 @@ def turns_table() -> str:
     return "\n".join(rows)
 
 
-def conversations_table() -> str:
+def conversations_table(name: str = "conversations") -> str:
     """``bench/conversations.py``'s last run: how often recall finds the evidence."""
-    data = _results("conversations")
+    data = _results(name)
     rows = [
         f"| {data['conversations']} conversations | budget | any evidence | all | "
         "multi-hop all | ms a request |",
@@ -164,7 +167,50 @@ def conversations_table() -> str:
             f"| {r['multi_hop_all'] / r['multi_hop']:.0%} | {r['ms_median']:.1f} |"
         )
     rows.append("")
+    kinds = [
+        f"{'PostgreSQL' if r['store'] == 'pg' else '`memory://`'} {r['budget_pct']}%: "
+        + ", ".join(f"{k} {v:.0%}" for k, v in sorted(r["by_kind_any"].items()))
+        for r in data["rows"]
+        if r["recall"]
+    ]
+    rows.append("Any evidence by kind, recall on: " + "; ".join(kinds) + ".")
+    rows.append("")
     rows.append(f"`bench/conversations.py`, {data['date']}, commit {data['commit']}.")
+    return "\n".join(rows)
+
+
+def needles_table() -> str:
+    """``bench/recall.py``'s last run: planted facts found in the request, per strategy."""
+    data = _results("recall")
+    found: dict[tuple[int, str, str, bool], dict[str, Any]] = {
+        (r["budget_pct"], r["config"], r["store"], r["recall"]): r for r in data["rows"]
+    }
+    stores = [s for s in ("memory", "postgres") if any(k[2] == s for k in found)]
+    names = {"memory": "`memory://`", "postgres": "PostgreSQL"}
+    rows: list[str] = []
+    for pct in sorted({k[0] for k in found}):
+        rows.append(
+            f"| {pct}% budget | "
+            + " | ".join(f"{names[s]} on | off | stale only" for s in stores)
+            + " |"
+        )
+        rows.append("|---|" + "---:|---:|---:|" * len(stores))
+        for config in dict.fromkeys(k[1] for k in found if k[0] == pct):
+            cells = []
+            for store in stores:
+                on, off = (
+                    found.get((pct, config, store, True)),
+                    found.get((pct, config, store, False)),
+                )
+                cells.append(f"**{on['found']}/{on['asked']}**" if on else "(not run)")
+                cells.append(f"{off['found']}/{off['asked']}" if off else "")
+                cells.append(f"{on['stale_only']}/{on['changed']}" if on else "")
+            rows.append(f"| {config} | " + " | ".join(cells) + " |")
+        rows.append("")
+    rows.append(
+        f"`bench/recall.py`, {data['date']}, commit {data['commit']}: {data['turns']:,} turns, "
+        f"{data['facts']} facts ({data['changed']} changed later), embedded PostgreSQL 18."
+    )
     return "\n".join(rows)
 
 
@@ -173,6 +219,8 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "settings": settings_table,
     "turns": turns_table,
     "conversations": conversations_table,
+    "conversations-hybrid": lambda: conversations_table("conversations-hybrid"),
+    "needles": needles_table,
 }
 
 
