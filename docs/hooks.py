@@ -146,7 +146,7 @@ def turns_table() -> str:
     rows.append("")
     rows.append(
         f"`bench/turns.py`, {data['date']}, commit {data['commit']}, "
-        f"{data.get('text', '')} text, embedded PostgreSQL 18, this project's 2-core machine."
+        f"{data.get('text', '')} text, embedded PostgreSQL 18, a 2-core machine."
     )
     return "\n".join(rows)
 

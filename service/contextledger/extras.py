@@ -34,7 +34,8 @@ def missing_extra(extra: str, *missing: str) -> MissingExtra:
     """The error for ``extra`` whose packages ``missing`` are not installed."""
     also = f" (or '{DISTRIBUTION}[all]')" if extra in IN_ALL else ""
     return MissingExtra(
-        f"{EXTRAS.get(extra, extra)} needs {', '.join(missing)}, which is not installed: "
+        f"{EXTRAS.get(extra, extra)} needs {', '.join(missing)}, which "
+        f"{'are' if len(missing) > 1 else 'is'} not installed: "
         f"pip install '{DISTRIBUTION}[{extra}]'{also}",
         extra=extra,
         missing=list(missing),

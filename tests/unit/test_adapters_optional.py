@@ -46,3 +46,18 @@ def test_a_missing_extra_names_its_pip_install(module: str, blocked: str, extra:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"MISSING_EXTRA {extra} ")
     assert f"pip install 'contextledger-pg[{extra}]'" in done.stdout
+
+
+def test_the_command_without_its_extra_says_what_to_install_in_one_line() -> None:
+    done = _run(
+        "import sys\n"
+        "sys.modules['rich'] = None  # as if not installed\n"
+        "from contextledger.cli_entry import main\n"
+        "main()\n"
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "contextledger: [MISSING_EXTRA] the contextledger command line needs rich, which"
+        " is not installed: pip install 'contextledger-pg[cli]' (or 'contextledger-pg[all]')"
+    ]

@@ -483,7 +483,9 @@ async def chat_completions(request: Request) -> Response:
         raise Problem(
             422,
             "MODEL_NOT_ALLOWED",
-            f"model {model!r} is not one this service is configured for",
+            f"model {model!r} is not one this service is configured for (its operator"
+            " names the upstream and its models: --upstream-api-base, --model-map,"
+            " --fallbacks)",
             field="model",
         ) from None
     if not isinstance(sent, list) or not sent or not all(isinstance(m, dict) for m in sent):
