@@ -546,7 +546,10 @@ class Search(Lineages):
 
         async def attempt() -> list[asyncpg.Record]:
             try:
-                if self.citus is not None and q.text_config == INDEX_TEXT_CONFIG:
+                citus = self.citus
+                if citus is not None and citus.read_only:  # see ``Citus.read_only``
+                    return await self._run_search(sql(store=False), args, live=branch is None)
+                if citus is not None and q.text_config == INDEX_TEXT_CONFIG:
                     call = search_call(
                         session_id, q.query, q.exclude, upto_seq, branch, q.limit, gaps, hop=q.hop
                     )
