@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from contextledger import ConfigError, Ledger
 from contextledger.store.dsn import asyncpg_dsn
 from contextledger.store.postgres import APPEND_MESSAGE_CALL, READ_VIEW, PostgresStore
+from tests.integration.citus import workers_from_env
 
 
 async def test_session_tables_are_colocated_and_keys_are_reference(pg_dsn: str) -> None:
@@ -140,3 +142,64 @@ async def test_tenants_stay_apart_on_the_workers(pg_dsn: str) -> None:
     async with Ledger.open(login, tenant="alpha") as alpha:
         got = await (await alpha.session("s")).get_messages()
         assert [m["content"] for m in got] == ["alpha's"]
+
+
+async def _worker_statements(database: str) -> Counter[str]:
+    """Top-level statements each worker ran in ``database`` so far, by text
+    (pg_stat_statements, which ``ops/citus`` preloads; read from each worker's
+    ``postgres`` database: a worker's Citus database refuses ``CREATE EXTENSION``)."""
+    ran: Counter[str] = Counter()
+    for host, port in workers_from_env():
+        conn = await asyncpg.connect(host=host, port=port, user="postgres", database="postgres")
+        try:
+            loaded = await conn.fetchval("SHOW shared_preload_libraries")
+            assert "pg_stat_statements" in loaded, f"restart with `ops/citus start` ({loaded})"
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            for row in await conn.fetch(
+                "SELECT query, calls FROM pg_stat_statements WHERE toplevel AND dbid ="
+                " (SELECT oid FROM pg_database WHERE datname = $1)",
+                database,
+            ):
+                ran[row["query"]] += row["calls"]
+        finally:
+            await conn.close()
+    return ran
+
+
+async def test_a_search_is_one_call_on_the_session_s_worker(pg_dsn: str) -> None:
+    """Migration 0018: a search (live, or a replay's) is one call of
+    ``contextledger.search_messages``, which Citus sends whole to the worker holding the
+    session's shard; the coordinator sends that worker no statement of the search
+    itself (on ``event_terms``: its postings, and its catch-up's insert), and the call
+    stored the postings it indexed."""
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        database = await conn.fetchval("SELECT current_database()")
+    finally:
+        await conn.close()
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await ledger.session("searched", config={"token_counter": "chars"})
+        await session.add_message({"role": "user", "content": "the gateway port is 18443"})
+        for n in range(30):
+            await session.add_message({"role": "user", "content": f"tidy module {n} please"})
+            await session.add_message({"role": "assistant", "content": f"module {n} done"})
+        await session.add_message({"role": "user", "content": "which gateway port again?"})
+        before = await _worker_statements(database)
+        live = await session.get_messages_for_request(token_budget=200)
+        replayed = await session.request_at(session.request_seq, token_budget=200)
+        after = await _worker_statements(database)
+        head = session.head
+    assert replayed == live and "18443" in str(live)  # found, by both searches
+    ran = after - before
+    calls = {q: n for q, n in ran.items() if "search_messages" in q}
+    assert list(calls.values()) == [2], ran
+    assert not [q for q in ran if "event_terms" in q], ran
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        indexed = await conn.fetchval(
+            "SELECT max(seq) FROM contextledger.event_terms"
+            " WHERE session_id = 'searched' AND lexeme = ''"
+        )
+        assert indexed == head
+    finally:
+        await conn.close()

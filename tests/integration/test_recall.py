@@ -847,8 +847,8 @@ async def test_an_application_role_with_table_grants_recalls_under_row_level_sec
 
 async def test_the_store_counts_its_search_connections(pg_dsn: str) -> None:
     """Live searches open connections of their own; the store's count (the service's
-    pool metric) includes them, and a store without a database has none. On Citus the
-    catch-up runs beside the search, on a second one (``Search._citus_search``)."""
+    pool metric) includes them, and a store without a database has none (on Citus too:
+    the search with its catch-up is one delegated call, migration 0018)."""
     async with Ledger.open(pg_dsn, pool_size=4) as ledger:
         before = ledger.store.connections()
         assert before is not None and before[0] >= 1
@@ -856,8 +856,7 @@ async def test_the_store_counts_its_search_connections(pg_dsn: str) -> None:
         await session.get_messages_for_request(token_budget=2000)  # a live search
         main = ledger.store._pool.get_size()  # type: ignore[attr-defined]
         opened, idle = ledger.store.connections()  # type: ignore[misc]
-        searchers = 1 if ledger.store.citus is None else 2  # type: ignore[attr-defined]
-        assert opened == main + searchers and 0 <= idle <= opened
+        assert opened == main + 1 and 0 <= idle <= opened
     async with Ledger.open("memory://") as memory:
         assert memory.store.connections() is None
 
@@ -947,3 +946,51 @@ async def test_request_at_reproduces_every_recall_block_widened_or_not(
             await session.add_message({"role": "assistant", "content": "On it."})
     for seq, request in sent:
         assert await session.request_at(seq, token_budget=budget) == request
+
+
+# -- the search as a function (migration 0018: what the store calls on Citus) ----------
+
+
+async def test_the_search_function_answers_as_the_store_s_statement(pg_dsn: str) -> None:
+    """``contextledger.search_messages`` runs the store's search statement (with its
+    catch-up): the same rows as the statement, live and a replay's, with a second hop or
+    not; it stores the postings it indexed; it prepares the statement once per
+    connection (on plain PostgreSQL on the tables, in this connection; on Citus on the
+    session's shards, on the worker the call is delegated to: none here)."""
+    from contextledger.store.postgres.search import SEARCH_CALL, search_call, search_statement
+
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await planted(ledger)
+        head = session.head
+        citus = ledger.store.citus  # type: ignore[attr-defined]
+    carried = set(range(head - 8, head + 1))
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        indexed = "SELECT max(seq) FROM contextledger.event_terms WHERE session_id = 'r'"
+        assert await conn.fetchval(indexed) is None  # no search yet: nothing indexed
+        for branch, hop in ((None, False), (None, True), (set(range(1, head + 1)), False)):
+            call = search_call("r", QUESTION, carried, head, branch, 5, None, hop=hop)
+            by_function = [await conn.fetch(SEARCH_CALL, *call) for _ in range(2)]
+            text, args = search_statement(
+                QUESTION, carried, head, branch, 5, "english", None, store=False, hop=hop
+            )
+            args[0] = "r"
+            async with conn.transaction():
+                by_statement = await conn.fetch(text, *args)
+            for rows in (*by_function, by_statement):  # neighbours come in no set order
+                rows.sort(key=lambda r: (-r["rank"], r["seq"]))
+            assert [tuple(r) for r in by_function[0]] == [tuple(r) for r in by_statement]
+            assert by_function[1] == by_function[0]
+            assert any(r["rank"] > 0 and "18443" in r["message"] for r in by_statement)
+            assert hop or all(r["rank"] >= 0 for r in by_statement)
+        assert await conn.fetchval(indexed) == head  # the function's catch-up stored them
+        prepared = {
+            r[0]
+            for r in await conn.fetch(
+                "SELECT name FROM pg_prepared_statements WHERE name LIKE 'contextledger%'"
+            )
+        }
+        here = {"contextledger_search_live", "contextledger_search_replay"}
+        assert prepared == (here if citus is None else set())
+    finally:
+        await conn.close()

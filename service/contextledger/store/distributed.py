@@ -36,6 +36,11 @@ class Citus:
     version: str
     settings: Mapping[str, str | None]
     distributed: bool | None  # None: the schema is not there yet (migrations pending)
+    #: The connection's transactions are read-only (a standby, or
+    #: ``default_transaction_read_only``). The search's catch-up runs in a call delegated
+    #: to a worker, which never sees the coordinator's read-only transaction: a read-only
+    #: store searches without storing (``Search``), as a standby does on one server.
+    read_only: bool = False
 
 
 def problems(found: Citus, *, schema: bool = True) -> list[str]:
@@ -72,7 +77,8 @@ async def probe(conn: asyncpg.Connection) -> Citus | None:
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition"
             " WHERE logicalrelid = 'contextledger.sessions'::regclass)"
         )
-    return Citus(str(version), settings, distributed)
+    read_only = await conn.fetchval("SELECT current_setting('transaction_read_only') = 'on'")
+    return Citus(str(version), settings, distributed, bool(read_only))
 
 
 async def check(conn: asyncpg.Connection, *, schema: bool = True) -> Citus | None:

@@ -3,7 +3,6 @@ with its closed-gate memo."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Collection, Sequence
@@ -132,15 +131,16 @@ _STORE_FRESH = f""" stored AS (
     INSERT INTO {S}.event_terms (session_id, lexeme, seq, tenant_id, tf, dl)
     SELECT session_id, lexeme, seq, tenant_id, tf, dl FROM fresh ON CONFLICT DO NOTHING
 ),"""
-#: The catch-up alone, for Citus. Citus cannot route a statement with a modifying CTE to
-#: one shard: it runs every CTE of the search as its own step through the coordinator (23
-#: steps), while the search without ``stored`` is one task on the session's worker. There
-#: the catch-up is this statement (4 steps), run beside the unstored search, which
-#: computes the same few fresh postings itself (``Search._citus_search``).
-CITUS_CATCH_UP = (
-    _CATCH_UP
-    + _STORE_FRESH.removesuffix("\n),")
-    + "\n    RETURNING 1\n)\nSELECT count(*) FROM stored"
+#: The search on Citus: the statement above (with its catch-up) in a function that Citus
+#: delegates whole to the worker holding the session's shard, which prepares it on the
+#: session's shards once per connection (migration 0018; ``search_call`` gives its
+#: arguments). As a statement, Citus planned the search on the coordinator with its
+#: values every time (no generic plan for a router query with CTEs) and again on the
+#: worker, and the catch-up (a modifying CTE, which Citus cannot route to one shard) had
+#: to be a statement of its own, four steps through the coordinator.
+SEARCH_CALL = (
+    f"SELECT seq, rank, message, tokens, created_at FROM {S}.search_messages("
+    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 )
 #: Lexical recall, in work bounded by the query whatever the session's length (the rules
 #: are ``store.lexical``'s, which ``memory://`` follows in Python). The query becomes
@@ -402,7 +402,48 @@ def search_statement(
 ) -> tuple[str, list[Any]]:
     """The search's SQL and its arguments (the session id, ``$1``, left for the caller):
     live (``branch`` None) or a replay's, with a second hop or not."""
-    values: dict[str, Any] = {
+    values = _search_values(query, exclude, upto_seq, branch, limit, text_config, gaps, hop)
+    if branch is None:  # a live search's statement has no $branch
+        del values["branch"]
+    text = search_sql(
+        indexed=text_config == INDEX_TEXT_CONFIG, given_branch=branch is not None, store=store
+    )
+    return bind(text, values, None)
+
+
+def search_call(
+    session_id: str,
+    query: str,
+    exclude: Collection[int],
+    upto_seq: int,
+    branch: Collection[int] | None,
+    limit: int,
+    gaps: list[int] | None,
+    *,
+    hop: bool = False,
+) -> list[Any]:
+    """``SEARCH_CALL``'s arguments: the same values as ``search_statement``'s (the stored
+    postings' configuration), in the function's order."""
+    v = _search_values(query, exclude, upto_seq, branch, limit, INDEX_TEXT_CONFIG, gaps, hop)
+    return [
+        session_id,
+        *(v[k] for k in ("query", "config", "upto", "tail", "exclude", "gaps", "limit")),
+        v["hop"],
+        v["branch"],
+    ]
+
+
+def _search_values(
+    query: str,
+    exclude: Collection[int],
+    upto_seq: int,
+    branch: Collection[int] | None,
+    limit: int,
+    text_config: str,
+    gaps: list[int] | None,
+    hop: bool,
+) -> dict[str, Any]:
+    return {
         "query": query,
         "upto": upto_seq,
         "exclude": seq_ranges(exclude),
@@ -411,13 +452,8 @@ def search_statement(
         "tail": read_from(upto_seq, exclude),
         "gaps": gaps,
         "hop": hop,
+        "branch": None if branch is None else seq_ranges(branch),
     }
-    if branch is not None:  # a live search's statement has no $branch
-        values["branch"] = seq_ranges(branch)
-    text = search_sql(
-        indexed=text_config == INDEX_TEXT_CONFIG, given_branch=branch is not None, store=store
-    )
-    return bind(text, values, None)
 
 
 class Search(Lineages):
@@ -510,10 +546,17 @@ class Search(Lineages):
 
         async def attempt() -> list[asyncpg.Record]:
             try:
-                if self.citus is not None and q.text_config == INDEX_TEXT_CONFIG:
-                    return await self._citus_search(
-                        session_id, sql(store=False), args, live=branch is None
+                citus = self.citus
+                if citus is not None and citus.read_only:  # see ``Citus.read_only``
+                    return await self._run_search(sql(store=False), args, live=branch is None)
+                if citus is not None and q.text_config == INDEX_TEXT_CONFIG:
+                    call = search_call(
+                        session_id, q.query, q.exclude, upto_seq, branch, q.limit, gaps, hop=q.hop
                     )
+                    try:  # one call, run on the session's worker (``SEARCH_CALL``)
+                        return await self._run_search(SEARCH_CALL, call, live=branch is None)
+                    except asyncpg.ReadOnlySQLTransactionError:  # a standby: unstored
+                        return await self._run_search(sql(store=False), args, live=branch is None)
                 try:
                     return await self._run_search(sql(store=True), args, live=branch is None)
                 except asyncpg.ReadOnlySQLTransactionError:  # a standby: same answer, unstored
@@ -541,31 +584,6 @@ class Search(Lineages):
                     del self._closed[next(iter(self._closed))]
                 self._closed[session_id] = _ClosedGate(upto_seq, frozenset(gaps), tip)
         return [r for r in rows if r[0] != CLOSED]
-
-    async def _citus_search(
-        self, session_id: str, text: str, args: Sequence[Any], *, live: bool
-    ) -> list[asyncpg.Record]:
-        """The unstored search ``text`` and the catch-up that stores what it computed
-        (``CITUS_CATCH_UP``), side by side: the search's answer does not depend on how far
-        the catch-up got (``indexed.upto`` splits stored from fresh). At 2,000 events,
-        three messages to index: 117 ms as one statement, 34 + 37 ms apart; a request
-        took 64-75 ms side by side, 78-105 ms one after the other (loaded 2-core machine)."""
-        done: tuple[
-            list[asyncpg.Record] | BaseException, list[asyncpg.Record] | BaseException
-        ] = await asyncio.gather(
-            self._run_search(CITUS_CATCH_UP, [session_id], live=live),
-            self._run_search(text, args, live=live),
-            return_exceptions=True,
-        )
-        catch_up, rows = done
-        if isinstance(rows, BaseException):
-            raise rows
-        if isinstance(catch_up, BaseException) and not isinstance(
-            catch_up,
-            asyncpg.ReadOnlySQLTransactionError,  # a standby: nothing stored
-        ):
-            raise catch_up
-        return rows
 
     async def _run_search(
         self, text: str, args: Sequence[Any], *, live: bool
