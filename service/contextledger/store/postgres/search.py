@@ -180,6 +180,18 @@ def _bm25(postings: str, weights: str, limit: str) -> str:
      GROUP BY p.seq ORDER BY rank DESC, p.seq DESC LIMIT {limit}"""
 
 
+def _ranked_with_messages(cte: str, rank: str) -> str:
+    """The ranked seqs of ``cte`` (best first) with their messages, each read by its key."""
+    return f"""(SELECT {cte}.seq, {rank}, e.message, e.tokens, e.created_at
+   FROM {cte} CROSS JOIN LATERAL (
+        SELECT (x.data -> 'message')::text AS message, x.tokens, x.created_at FROM {S}.events x
+         WHERE x.session_id = $1 AND x.seq = {cte}.seq AND x.tenant_id = {S}.current_tenant()
+        OFFSET 0
+   ) e
+  WHERE {cte}.rank > 0
+  ORDER BY {cte}.rank DESC, {cte}.seq DESC)"""
+
+
 _SEARCH = f"""{{head}} gate AS MATERIALIZED (
     SELECT $gaps::bigint[] IS NULL
         OR EXISTS (SELECT FROM {S}.events e WHERE {{on_branch}} AND e.seq = ANY($gaps::bigint[]))
@@ -241,23 +253,9 @@ _SEARCH = f"""{{head}} gate AS MATERIALIZED (
      WHERE n.seq BETWEEN 1 AND $upto AND NOT (SELECT $exclude::text::int8multirange) @> n.seq
        AND n.seq NOT IN (SELECT seq FROM top) AND n.seq NOT IN (SELECT seq FROM hop_top)
 )
-(SELECT top.seq, top.rank, e.message, e.tokens, e.created_at
-   FROM top CROSS JOIN LATERAL (
-        SELECT (x.data -> 'message')::text AS message, x.tokens, x.created_at FROM {S}.events x
-         WHERE x.session_id = $1 AND x.seq = top.seq AND x.tenant_id = {S}.current_tenant()
-        OFFSET 0
-   ) e
-  WHERE top.rank > 0
-  ORDER BY top.rank DESC, top.seq DESC)
+{_ranked_with_messages("top", "top.rank")}
 UNION ALL
-(SELECT hop_top.seq, -hop_top.rank, e.message, e.tokens, e.created_at
-   FROM hop_top CROSS JOIN LATERAL (
-        SELECT (x.data -> 'message')::text AS message, x.tokens, x.created_at FROM {S}.events x
-         WHERE x.session_id = $1 AND x.seq = hop_top.seq AND x.tenant_id = {S}.current_tenant()
-        OFFSET 0
-   ) e
-  WHERE hop_top.rank > 0
-  ORDER BY hop_top.rank DESC, hop_top.seq DESC)
+{_ranked_with_messages("hop_top", "-hop_top.rank")}
 UNION ALL
 SELECT near.seq, 0::float8, e.message, e.tokens, e.created_at
   FROM near CROSS JOIN LATERAL (
