@@ -605,6 +605,7 @@ async def test_the_search_reads_postings_bounded_by_the_query_not_the_history() 
     returned every match). Events are read by key too, in the live search's generic plan,
     also before the table's first ANALYZE (a young deployment): there the catch-up's
     ``seq = ANY(...)`` was a filter over every event of the session."""
+    from contextledger.store.base import SearchQuery
     from contextledger.store.lexical import DEEP_LIMIT, PER_TERM
     from contextledger.store.postgres import search_statement
 
@@ -628,9 +629,9 @@ async def test_the_search_reads_postings_bounded_by_the_query_not_the_history() 
             assert recall_blocks(request)  # indexed, and the search found matches
             carried = set(range(n - 5, n + 2))
             text, args = search_statement(
-                "which gateway attempt?", carried, n + 1, None, 40, "english", None
+                SearchQuery(f"b{n}", "which gateway attempt?", carried, n + 1, None, 40, "english"),
+                None,
             )
-            args[0] = f"b{n}"
             conn = await asyncpg.connect(asyncpg_dsn(dsn))
             try:
                 async with conn.transaction():
@@ -957,6 +958,7 @@ async def test_the_search_function_answers_as_the_store_s_statement(pg_dsn: str)
     not; it stores the postings it indexed; it prepares the statement once per
     connection (on plain PostgreSQL on the tables, in this connection; on Citus on the
     session's shards, on the worker the call is delegated to: none here)."""
+    from contextledger.store.base import SearchQuery
     from contextledger.store.postgres.search import SEARCH_CALL, search_call, search_statement
 
     async with Ledger.open(pg_dsn) as ledger:
@@ -969,12 +971,10 @@ async def test_the_search_function_answers_as_the_store_s_statement(pg_dsn: str)
         indexed = "SELECT max(seq) FROM contextledger.event_terms WHERE session_id = 'r'"
         assert await conn.fetchval(indexed) is None  # no search yet: nothing indexed
         for branch, hop in ((None, False), (None, True), (set(range(1, head + 1)), False)):
-            call = search_call("r", QUESTION, carried, head, branch, 5, None, hop=hop)
+            q = SearchQuery("r", QUESTION, carried, head, branch, 5, "english", hop=hop)
+            call = search_call(q, None)
             by_function = [await conn.fetch(SEARCH_CALL, *call) for _ in range(2)]
-            text, args = search_statement(
-                QUESTION, carried, head, branch, 5, "english", None, store=False, hop=hop
-            )
-            args[0] = "r"
+            text, args = search_statement(q, None, store=False)
             async with conn.transaction():
                 by_statement = await conn.fetch(text, *args)
             for rows in (*by_function, by_statement):  # neighbours come in no set order

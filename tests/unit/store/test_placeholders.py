@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from contextledger.store.base import SearchQuery
 from contextledger.store.postgres import search_sql, search_statement
 from contextledger.store.postgres.placeholders import bind, named
 
@@ -101,19 +102,19 @@ def test_every_search_shape_binds_every_parameter_once(
 ) -> None:
     """The search statement in each of its shapes: ``$1`` the session, then dense numbers,
     each one bound (a name left unbound or unused would raise)."""
-    text, args = search_statement(
+    q = SearchQuery(
+        "s",
         "which gateway?",
         {3, 4},
         9,
         {1, 2, 5} if given_branch else None,
         10,
         "english" if indexed else "simple",
-        [6, 7],
-        store=store,
     )
+    text, args = search_statement(q, [6, 7], store=store)
     numbers = {int(n) for n in re.findall(r"\$([0-9]+)", text)}
     assert numbers == set(range(1, len(args) + 1))
-    assert args[0] is None  # the session id, left for the caller
+    assert args[0] == "s"  # the session id
     assert ("{[1,2],[5,5]}" in args) is given_branch
     assert not re.search(r"\$[A-Za-z_]", text)
     assert search_sql(indexed=indexed, given_branch=given_branch, store=store) is search_sql(

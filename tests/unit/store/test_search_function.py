@@ -10,6 +10,7 @@ from types import ModuleType
 
 import pytest
 
+from contextledger.store.base import SearchQuery
 from contextledger.store.lexical import read_from
 from contextledger.store.postgres.placeholders import named
 from contextledger.store.postgres.search import SEARCH_CALL, search_call, search_sql
@@ -44,7 +45,8 @@ def test_the_call_passes_the_function_s_arguments_in_its_order() -> None:
     params = migration.FUNCTION.split("search_messages(", 1)[1].split(")", 1)[0]
     names = [p.split()[0] for p in params.split(",")]
     assert len(names) == SEARCH_CALL.count("$") == 10
-    call = search_call("s", "which port?", {9, 10}, 10, {1, 2, 3}, 5, [4], hop=True)
+    q = SearchQuery("s", "which port?", {9, 10}, 10, {1, 2, 3}, 5, "english", hop=True)
+    call = search_call(q, [4])
     assert dict(zip(names, call, strict=True)) == {
         "p_session": "s",
         "p_query": "which port?",
@@ -57,4 +59,5 @@ def test_the_call_passes_the_function_s_arguments_in_its_order() -> None:
         "p_hop": True,
         "p_branch": "{[1,3]}",
     }
-    assert search_call("s", "q", {10}, 10, None, 5, None)[-1] is None  # live: no branch
+    live = SearchQuery("s", "q", {10}, 10, None, 5, "english")
+    assert search_call(live, None)[-1] is None  # live: no branch

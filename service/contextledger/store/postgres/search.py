@@ -387,70 +387,42 @@ def search_sql(*, indexed: bool, given_branch: bool, store: bool = True) -> str:
 
 
 def search_statement(
-    query: str,
-    exclude: Collection[int],
-    upto_seq: int,
-    branch: Collection[int] | None,
-    limit: int,
-    text_config: str,
-    gaps: list[int] | None,
-    *,
-    store: bool = True,
-    hop: bool = False,
+    q: SearchQuery, gaps: list[int] | None, *, store: bool = True
 ) -> tuple[str, list[Any]]:
-    """The search's SQL and its arguments (the session id, ``$1``, left for the caller):
-    live (``branch`` None) or a replay's, with a second hop or not."""
-    values = _search_values(query, exclude, upto_seq, branch, limit, text_config, gaps, hop)
-    if branch is None:  # a live search's statement has no $branch
+    """The search's SQL and its arguments (``$1`` the session): live (``q.branch`` None) or
+    a replay's, with a second hop or not."""
+    values = _search_values(q, q.text_config, gaps)
+    if q.branch is None:  # a live search's statement has no $branch
         del values["branch"]
     text = search_sql(
-        indexed=text_config == INDEX_TEXT_CONFIG, given_branch=branch is not None, store=store
+        indexed=q.text_config == INDEX_TEXT_CONFIG, given_branch=q.branch is not None, store=store
     )
-    return bind(text, values, None)
+    return bind(text, values, q.session_id)
 
 
-def search_call(
-    session_id: str,
-    query: str,
-    exclude: Collection[int],
-    upto_seq: int,
-    branch: Collection[int] | None,
-    limit: int,
-    gaps: list[int] | None,
-    *,
-    hop: bool = False,
-) -> list[Any]:
+def search_call(q: SearchQuery, gaps: list[int] | None) -> list[Any]:
     """``SEARCH_CALL``'s arguments: the same values as ``search_statement``'s (the stored
     postings' configuration), in the function's order."""
-    v = _search_values(query, exclude, upto_seq, branch, limit, INDEX_TEXT_CONFIG, gaps, hop)
+    v = _search_values(q, INDEX_TEXT_CONFIG, gaps)
     return [
-        session_id,
+        q.session_id,
         *(v[k] for k in ("query", "config", "upto", "tail", "exclude", "gaps", "limit")),
         v["hop"],
         v["branch"],
     ]
 
 
-def _search_values(
-    query: str,
-    exclude: Collection[int],
-    upto_seq: int,
-    branch: Collection[int] | None,
-    limit: int,
-    text_config: str,
-    gaps: list[int] | None,
-    hop: bool,
-) -> dict[str, Any]:
+def _search_values(q: SearchQuery, text_config: str, gaps: list[int] | None) -> dict[str, Any]:
     return {
-        "query": query,
-        "upto": upto_seq,
-        "exclude": seq_ranges(exclude),
+        "query": q.query,
+        "upto": q.upto_seq,
+        "exclude": seq_ranges(q.exclude),
         "config": text_config,
-        "limit": limit,
-        "tail": read_from(upto_seq, exclude),
+        "limit": q.limit,
+        "tail": read_from(q.upto_seq, q.exclude),
         "gaps": gaps,
-        "hop": hop,
-        "branch": None if branch is None else seq_ranges(branch),
+        "hop": q.hop,
+        "branch": None if q.branch is None else seq_ranges(q.branch),
     }
 
 
@@ -522,25 +494,10 @@ class Search(Lineages):
             # of a later head elsewhere (a view reloaded after another process's rollback)
             # searches.
             return []
-        text, args = search_statement(
-            q.query, q.exclude, upto_seq, branch, q.limit, q.text_config, gaps, hop=q.hop
-        )
-        args[0] = session_id
+        text, args = search_statement(q, gaps)
 
         def sql(store: bool) -> str:  # a standby's statement stores nothing
-            if store:
-                return text
-            return search_statement(
-                q.query,
-                q.exclude,
-                upto_seq,
-                branch,
-                q.limit,
-                q.text_config,
-                gaps,
-                store=False,
-                hop=q.hop,
-            )[0]
+            return text if store else search_statement(q, gaps, store=False)[0]
 
         async def attempt() -> list[asyncpg.Record]:
             try:
@@ -548,9 +505,7 @@ class Search(Lineages):
                 if citus is not None and citus.read_only:  # see ``Citus.read_only``
                     return await self._run_search(sql(store=False), args, live=branch is None)
                 if citus is not None and q.text_config == INDEX_TEXT_CONFIG:
-                    call = search_call(
-                        session_id, q.query, q.exclude, upto_seq, branch, q.limit, gaps, hop=q.hop
-                    )
+                    call = search_call(q, gaps)
                     try:  # one call, run on the session's worker (``SEARCH_CALL``)
                         return await self._run_search(SEARCH_CALL, call, live=branch is None)
                     except asyncpg.ReadOnlySQLTransactionError:  # a standby: unstored
