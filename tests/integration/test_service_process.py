@@ -100,6 +100,12 @@ async def test_a_signal_stops_the_embedded_postgresql_serve_started(
     try:
         await wait_ready(f"http://127.0.0.1:{port}", proc, log, seconds=120)
         pidfile = home / "pgdata" / "postmaster.pid"
+        for _ in range(300):  # written by the postmaster itself: on a loaded machine, late
+            if pidfile.exists() and pidfile.read_text().split():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"no {pidfile} after serve was ready: {log_tail(log)}")
         postmaster = int(pidfile.read_text().split()[0])
         assert psutil.pid_exists(postmaster)
         proc.send_signal(sig)
