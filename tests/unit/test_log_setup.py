@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import structlog
 
-from contextledger.log_setup import LITELLM_LOGGERS, configure_logging
+from contextledger.log_setup import LITELLM_LOGGERS, configure_logging, json_line
 
 
 @pytest.fixture(autouse=True)
@@ -169,3 +169,19 @@ def test_plain_stdlib_logging_shows_the_context_of_a_library_record() -> None:
     )
     assert lines[1] == "ERROR failed_once attempt=2"
     assert "ValueError: boom" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"event": "request", "status": 201, "ms": 1.25, "tenant": None, "ok": True},
+        {"event": "naïve café"},  # json escapes it: so does the line
+        {"event": "big", "n": 2**70},  # past orjson's 64 bits
+        {"event": "keys", "by_id": {1: "one"}},
+        {"event": "odd", "value": object()},  # the renderer's default: its repr
+    ],
+)
+def test_a_json_line_reads_back_as_json_dumps_wrote_it(event: dict[str, Any]) -> None:
+    line = json_line(event, default=repr)
+    assert json.loads(line) == json.loads(json.dumps(event, default=repr))
+    assert line.isascii()
