@@ -1,6 +1,7 @@
 """Service benchmark: appends over HTTP vs the library vs raw asyncpg, and proxy overhead.
 
-    .venv/bin/python bench/service.py [--dsn DSN] [--appends N] [--proxy-calls N]
+    .venv/bin/python bench/service.py [--dsn DSN] [--appends N] [--rounds N]
+                                      [--base-service DIR] [--floor] [--proxy-calls N]
                                       [--only appends|proxy] [--workers N] [--pgbouncer]
                                       [--label LABEL]
 
@@ -15,7 +16,19 @@ In the same run, on the same server:
 1. Appends at 1, 16 and 64 concurrent clients (one session each): throughput and
    p50/p99 latency for the service (``POST /v1/sessions/{id}/messages``), the
    library called directly (``Session.add_message``), and a raw asyncpg
-   single-row INSERT of the same message JSON (the floor).
+   single-row INSERT of the same message JSON (the floor). Each row is ``--rounds``
+   rounds, the runs of a round in an order that rotates (the machine's load changes
+   within minutes: a ratio is taken against the library run of its own round, and the
+   medians are reported). With ``--base-service DIR`` a second service runs the code of
+   another tree (``DIR/service`` on ``PYTHONPATH``: a ``git worktree`` of main, say),
+   interleaved with this one: before and after in the same rounds. With ``--floor``
+   the library behind a bare ASGI app on the same server stack (bench/service_floor.py)
+   runs as a third side: what the service costs above it is its HTTP layer's.
+   Every run records the CPU per append of each process group from ``/proc``
+   (bench/proc_cpu.py): each service side (its processes and workers), PgBouncer,
+   PostgreSQL (the postmaster and its backends), the load generator (this process: the
+   library's own runs too), and the whole machine (other sessions' load included), so
+   the report shows where the 2 cores went.
 2. Proxy overhead: p50 of ``POST /v1/chat/completions`` through the service minus
    p50 of the same request sent straight to the upstream (tests/fakellm.py,
    answering at once), for a conversation that grows by one turn per call.
@@ -133,6 +146,20 @@ def start_service(
     exe = Path(sys.executable).with_name("contextledger")
     return subprocess.Popen(
         [str(exe), "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def start_floor(dsn: str, port: int, workers: int, pgbouncer: bool) -> subprocess.Popen[bytes]:
+    """``bench/service_floor.py``: the library behind a bare ASGI app on the service's
+    server stack (the floor under the service's CPU per append)."""
+    cmd = [sys.executable, "-m", "bench.service_floor", dsn, str(port), str(workers)]
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
+    return subprocess.Popen(
+        [*cmd, *(["--pgbouncer"] if pgbouncer else [])],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -602,6 +629,8 @@ async def main_async(
     groups.add("client", os.getpid(), tree=False)  # the load generator (and the library)
     code = {"service": None, "base": args.base_service}
     sides = [name for name, source in code.items() if name == "service" or source]
+    if args.floor:
+        sides.append("floor")
     with running_fake_llm() as fake:
         procs: dict[str, subprocess.Popen[bytes]] = {}
         urls: dict[str, str] = {}
@@ -609,6 +638,11 @@ async def main_async(
             for name in sides:
                 port = free_port()
                 urls[name] = f"http://127.0.0.1:{port}"
+                if name == "floor":
+                    procs[name] = start_floor(
+                        service_dsn or dsn, port, args.workers, service_dsn is not None
+                    )
+                    continue
                 procs[name] = start_service(
                     service_dsn or dsn,
                     port,
@@ -655,6 +689,8 @@ async def main_async(
     table = summary(rows, sides)
     behind = ", through PgBouncer (transaction mode)" if service_dsn else ""
     base = f"; base: the service code of {args.base_service}" if args.base_service else ""
+    if args.floor:
+        base += "; floor: the library behind a bare ASGI app (bench/service_floor.py)"
     print(
         f"(load from {args.client} clients; {args.workers} service process(es) per side"
         f"{behind}{base}; load average {os.getloadavg()[0]:.1f} at the end)\n"
@@ -674,6 +710,7 @@ async def main_async(
         "appends_per_run": args.appends,
         "rounds": args.rounds,
         "base_service": args.base_service,
+        "floor": args.floor,
         "load_average_at_end": os.getloadavg(),
         "proxy_calls": args.proxy_calls,
         "appends": table,
@@ -688,6 +725,11 @@ def main() -> None:
     parser.add_argument("--dsn", help="a PostgreSQL server to use (default: a fresh embedded one)")
     parser.add_argument("--appends", type=int, default=2048, help="appends per run")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per row")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run the library behind a bare ASGI app (bench/service_floor.py), paired",
+    )
     parser.add_argument(
         "--base-service",
         metavar="DIR",
