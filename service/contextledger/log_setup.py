@@ -36,6 +36,54 @@ class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Marker class: lets ``configure_logging`` find and replace its own handler."""
 
 
+class LineLogger:
+    """structlog's logger under ``configure_logging``: writes each line structlog
+    rendered to the stream of our stdlib handler, under that handler's lock (so a line
+    from the stdlib, in another thread, never interleaves with it), as the handler writes
+    its own: the line, a newline, a flush. ``name`` is what ``add_logger_name`` reads."""
+
+    __slots__ = ("_handler", "name")
+
+    def __init__(self, name: str, handler: logging.StreamHandler) -> None:  # type: ignore[type-arg]
+        self.name, self._handler = name, handler
+
+    def msg(self, line: str) -> None:
+        handler = self._handler
+        with handler.lock or _NO_LOCK:
+            handler.stream.write(line + handler.terminator)
+            handler.stream.flush()
+
+    debug = info = warning = warn = error = critical = fatal = exception = log = msg
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+
+
+class LineLoggerFactory:
+    """``structlog.get_logger(name)`` → a ``LineLogger`` named ``name`` (without one, the
+    caller's module, as structlog's stdlib ``LoggerFactory`` names it)."""
+
+    def __init__(self, handler: logging.StreamHandler) -> None:  # type: ignore[type-arg]
+        self.handler = handler
+
+    def __call__(self, *args: Any) -> LineLogger:
+        if args:
+            name = str(args[0])
+        else:
+            from structlog._frames import _find_first_app_frame_and_name
+
+            _, name = _find_first_app_frame_and_name([__name__])
+        return LineLogger(name, self.handler)
+
+
 def drop_litellm_redacted(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
     """litellm records carry a ``litellm_redacted`` attribute that ``ExtraAdder`` copies in."""
     event_dict.pop("litellm_redacted", None)
@@ -195,14 +243,21 @@ def configure_logging(
     root.addHandler(handler)
     root.setLevel(level)
 
+    # structlog's own lines are rendered by structlog and written straight to the
+    # handler's stream (``LineLogger``): the same processors, in the same order, as the
+    # stdlib records' (``shared`` then ``final``), without a stdlib record made and copied
+    # per line (~49 -> ~20 us for the service's access line, one per request); a line
+    # under ``level`` costs a no-op method call, not the processor chain.
+    numeric = level if isinstance(level, int) else logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}")
     structlog.configure(
         processors=[
-            structlog.stdlib.filter_by_level,
-            *shared,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+            *[p for p in shared if not isinstance(p, structlog.stdlib.ExtraAdder)],
+            *final[1:],  # not remove_processors_meta: no stdlib record here
         ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
+        logger_factory=LineLoggerFactory(handler),
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
         cache_logger_on_first_use=cache_loggers,
     )
     tame_litellm_loggers(litellm_level)

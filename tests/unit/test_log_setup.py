@@ -185,3 +185,33 @@ def test_a_json_line_reads_back_as_json_dumps_wrote_it(event: dict[str, Any]) ->
     line = json_line(event, default=repr)
     assert json.loads(line) == json.loads(json.dumps(event, default=repr))
     assert line.isascii()
+
+
+class Rendered:
+    """A value that counts how often a renderer asked for it."""
+
+    def __init__(self) -> None:
+        self.times = 0
+
+    def __repr__(self) -> str:
+        self.times += 1
+        return "rendered"
+
+
+def test_structlog_and_stdlib_lines_render_alike_and_a_hidden_line_is_not_rendered() -> None:
+    out = io.StringIO()
+    configure_logging("json", level="INFO", stream=out, cache_loggers=False)
+    hidden = Rendered()
+    structlog.get_logger("contextledger.access").debug("hidden", value=hidden)
+    structlog.get_logger("contextledger.access").info("request", status=201, value=Rendered())
+    logging.getLogger("uvicorn.error").info("started %s", "server")
+    structlog.get_logger().warning("unnamed")  # named after the calling module
+    lines = _lines(out)
+    assert hidden.times == 0  # below the level: never rendered, not even to be dropped
+    assert list(lines[0]) == ["status", "value", "event", "logger", "level", "timestamp"]
+    assert list(lines[2]) == ["event", "logger", "level", "timestamp"]
+    assert lines[0]["value"] == "rendered" and lines[0]["level"] == "info"
+    # the stdlib's line (pytest's own capture may add its "message"): the same fields
+    assert lines[1] == {**lines[1], "event": "started server", "logger": "uvicorn.error"}
+    assert {"level", "timestamp"} <= lines[1].keys()
+    assert lines[2]["logger"] == __name__ and lines[2]["level"] == "warning"
