@@ -1,4 +1,6 @@
-"""``Lane``: the hot routes without the framework's per-request work.
+"""``Lane``: the hot routes without the framework's per-request work (the usual append
+is answered before it, by ``append_lane.AppendLane``; this lane takes the appends that
+reach the stack: chunked bodies, say).
 
 Appending is the service's hot path, and FastAPI's routing, dependency solving and
 exception middlewares cost a request more CPU than the append itself (py-spy under
