@@ -1,6 +1,7 @@
 """Service benchmark: appends over HTTP vs the library vs raw asyncpg, and proxy overhead.
 
-    .venv/bin/python bench/service.py [--dsn DSN] [--appends N] [--proxy-calls N]
+    .venv/bin/python bench/service.py [--dsn DSN] [--appends N] [--rounds N]
+                                      [--base-service DIR] [--floor] [--proxy-calls N]
                                       [--only appends|proxy] [--workers N] [--pgbouncer]
                                       [--label LABEL]
 
@@ -15,7 +16,19 @@ In the same run, on the same server:
 1. Appends at 1, 16 and 64 concurrent clients (one session each): throughput and
    p50/p99 latency for the service (``POST /v1/sessions/{id}/messages``), the
    library called directly (``Session.add_message``), and a raw asyncpg
-   single-row INSERT of the same message JSON (the floor).
+   single-row INSERT of the same message JSON (the floor). Each row is ``--rounds``
+   rounds, the runs of a round in an order that rotates (the machine's load changes
+   within minutes: a ratio is taken against the library run of its own round, and the
+   medians are reported). With ``--base-service DIR`` a second service runs the code of
+   another tree (``DIR/service`` on ``PYTHONPATH``: a ``git worktree`` of main, say),
+   interleaved with this one: before and after in the same rounds. With ``--floor``
+   the library behind a bare ASGI app on the same server stack (bench/service_floor.py)
+   runs as a third side: what the service costs above it is its HTTP layer's.
+   Every run records the CPU per append of each process group from ``/proc``
+   (bench/proc_cpu.py): each service side (its processes and workers), PgBouncer,
+   PostgreSQL (the postmaster and its backends), the load generator (this process: the
+   library's own runs too), and the whole machine (other sessions' load included), so
+   the report shows where the 2 cores went.
 2. Proxy overhead: p50 of ``POST /v1/chat/completions`` through the service minus
    p50 of the same request sent straight to the upstream (tests/fakellm.py,
    answering at once), for a conversation that grows by one turn per call.
@@ -60,6 +73,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._pg import embedded_server, install_sigterm_handler  # noqa: E402
+from bench.proc_cpu import MACHINE, Groups, parent_of  # noqa: E402
 from bench.results import write as write_results  # noqa: E402
 from tests.fakellm import running_fake_llm  # noqa: E402
 
@@ -104,8 +118,16 @@ def free_port() -> int:
 
 
 def start_service(
-    dsn: str, port: int, upstream: str, *, workers: int = 1, pgbouncer: bool = False
+    dsn: str,
+    port: int,
+    upstream: str,
+    *,
+    workers: int = 1,
+    pgbouncer: bool = False,
+    source: str | None = None,
 ) -> subprocess.Popen[bytes]:
+    """``contextledger serve``, of this tree's code or of ``source``'s (its ``service``
+    directory first on ``PYTHONPATH``: the same interpreter and packages, other code)."""
     env = dict(
         os.environ,
         CONTEXTLEDGER_WORKERS=str(workers),
@@ -119,9 +141,25 @@ def start_service(
         CONTEXTLEDGER_LOG_FORMAT="json",
         LITELLM_LOCAL_MODEL_COST_MAP="True",
     )
+    if source is not None:
+        env["PYTHONPATH"] = str(Path(source).resolve() / "service")
     exe = Path(sys.executable).with_name("contextledger")
     return subprocess.Popen(
         [str(exe), "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def start_floor(dsn: str, port: int, workers: int, pgbouncer: bool) -> subprocess.Popen[bytes]:
+    """``bench/service_floor.py``: the library behind a bare ASGI app on the service's
+    server stack (the floor under the service's CPU per append)."""
+    cmd = [sys.executable, "-m", "bench.service_floor", dsn, str(port), str(workers)]
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
+    return subprocess.Popen(
+        [*cmd, *(["--pgbouncer"] if pgbouncer else [])],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -271,9 +309,22 @@ def per(before: dict[str, int], after: dict[str, int], n: int) -> dict[str, floa
     return {k: (after[k] - before[k]) / n for k in ("query_count", "xact_count")}
 
 
+Side = tuple[str, Http]  # a service under load: its name in the report, its client
+
+
 async def bench_appends(
-    dsn: str, http: Http, total: int, stats: Stats | None = None, pid: int | None = None
+    dsn: str,
+    sides: list[Side],
+    total: int,
+    rounds: int,
+    groups: Groups,
+    stats: Stats | None = None,
 ) -> list[dict[str, Any]]:
+    """Per client count, ``rounds`` rounds of: each service side, the library and raw
+    asyncpg, ``total`` appends each, the sides and the library in an order that rotates
+    from round to round (paired and interleaved: the machine's load changes within
+    minutes). Each run records its rate, latencies, the CPU per append of every process
+    group (``groups``) and, behind PgBouncer, its round trips per append."""
     rows: list[dict[str, Any]] = []
     raw = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=64)
     await raw.execute(
@@ -284,43 +335,63 @@ async def bench_appends(
     async with Ledger.open(dsn, pool_size=32) as ledger:
         for n in CLIENTS:
             tag = f"c{n}"
-            for c in range(n):
-                status, _ = await http.post("/v1/sessions", {"session_id": f"svc-{tag}-{c}"})
-                assert status == 201
-            sessions = [await ledger.session(f"lib-{tag}-{c}") for c in range(n)]
+            for name, http in sides:
+                for k in range(n):
+                    sid = f"{name}-{tag}-{k}"
+                    status, _ = await http.post("/v1/sessions", {"session_id": sid})
+                    assert status == 201
+                    await http.post(f"/v1/sessions/{sid}/messages", {"message": MESSAGE})
+            sessions = [await ledger.session(f"lib-{tag}-{k}") for k in range(n)]
             for s in sessions:  # warm the token counter and the connections
                 await s.add_message(MESSAGE)
-            for c in range(n):
-                await http.post(f"/v1/sessions/svc-{tag}-{c}/messages", {"message": MESSAGE})
 
-            async def via_http(c: int, i: int, tag: str = tag) -> None:
-                status, body = await http.post(
-                    f"/v1/sessions/svc-{tag}-{c}/messages", {"message": MESSAGE}
-                )
-                if status != 201:
-                    raise RuntimeError(body)
+            def via_http(name: str, http: Http, tag: str = tag) -> Callable[[int, int], Any]:
+                async def one(c: int, i: int) -> None:
+                    status, body = await http.post(
+                        f"/v1/sessions/{name}-{tag}-{c}/messages", {"message": MESSAGE}
+                    )
+                    if status != 201:
+                        raise RuntimeError(body)
+
+                return one
 
             async def via_library(c: int, i: int, sessions: list[Any] = sessions) -> None:
                 await sessions[c].add_message(MESSAGE)
 
-            async def via_raw(c: int, i: int, tag: str = tag) -> None:
+            seq = iter(range(1 << 40))
+
+            async def via_raw(c: int, i: int, tag: str = tag, seq: Iterator[int] = seq) -> None:
                 await raw.execute(
-                    "INSERT INTO bench_raw VALUES ($1, $2, $3::jsonb)", f"{tag}-{c}", i, data
+                    "INSERT INTO bench_raw VALUES ($1, $2, $3::jsonb)",
+                    f"{tag}-{c}",
+                    next(seq),
+                    data,
                 )
 
-            results: dict[str, Any] = {}
-            for name, fn in (("service", via_http), ("library", via_library), ("raw", via_raw)):
-                progress(f"{n} clients: {name}")
-                before = stats() if stats is not None and name == "service" else None
-                cpu = cpu_seconds(pid) if pid is not None and name == "service" else None
-                results[name] = await run_clients(n, total, fn)
-                if cpu is not None and pid is not None:
-                    spent = cpu_seconds(pid) - cpu
-                    results["service_cpu_ms"] = spent * 1000 / len(results[name][1])
-                if before is not None and stats is not None:
-                    done = len(results[name][1])
-                    results["bouncer"] = per(before, await asyncio.to_thread(stats), done)
-            rows.append({"clients": n, **results})
+            runs: dict[str, Callable[[int, int], Any]] = {
+                name: via_http(name, http) for name, http in sides
+            }
+            runs["library"] = via_library
+            order = list(runs)
+            per_round: list[dict[str, Any]] = []
+            for r in range(rounds):
+                k = r % len(order)
+                results: dict[str, Any] = {}
+                for name in [*order[k:], *order[:k], "raw"]:
+                    fn = via_raw if name == "raw" else runs[name]
+                    progress(f"{n} clients, round {r + 1}/{rounds}: {name}")
+                    bouncer_before = stats() if stats is not None and name in dict(sides) else None
+                    cpu_before = groups.snapshot()
+                    started = time.perf_counter()
+                    rate, lat = await run_clients(n, total, fn)
+                    wall = time.perf_counter() - started
+                    cpu = Groups.per_op(cpu_before, groups.snapshot(), len(lat))
+                    results[name] = {"per_s": rate, "lat": lat, "cpu_ms": cpu, "wall_s": wall}
+                    if bouncer_before is not None and stats is not None:
+                        after = await asyncio.to_thread(stats)
+                        results[name]["bouncer"] = per(bouncer_before, after, len(lat))
+                per_round.append(results)
+            rows.append({"clients": n, "rounds": per_round})
     await raw.close()
     return rows
 
@@ -409,33 +480,103 @@ async def bench_retry(http: Http, dsn: str, messages: int, retries: int) -> dict
     }
 
 
-def report(rows: list[dict[str, Any]], proxy: dict[str, Any] | None, total: int) -> str:
+def summary(rows: list[dict[str, Any]], sides: list[str]) -> list[dict[str, Any]]:
+    """Per client count: each run's median rate, pooled p50/p99, median CPU per append
+    by group, and each service side over the library (the median of its per-round
+    ratios, each against the library run of the same round)."""
     out = []
-    if rows:
-        out += [
-            f"### Appends ({total} per row; one session per client)",
-            "",
-            "| clients | service | library | raw asyncpg | service / library |"
-            " service CPU / append | service p50 / p99 | library p50 / p99 |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
     for row in rows:
-        svc_rate, svc_lat = row["service"]
-        lib_rate, lib_lat = row["library"]
-        raw_rate, _ = row["raw"]
+        rounds = row["rounds"]
+        entry: dict[str, Any] = {"clients": row["clients"], "rounds": len(rounds)}
+        for name in [*sides, "library", "raw"]:
+            runs = [r[name] for r in rounds]
+            lat = [x for run in runs for x in run["lat"]]
+            groups = runs[0]["cpu_ms"].keys()
+            entry[name] = {
+                "per_s": statistics.median(run["per_s"] for run in runs),
+                "per_s_rounds": [run["per_s"] for run in runs],
+                "p50_ms": pct(lat, 0.5),
+                "p99_ms": pct(lat, 0.99),
+                "cpu_ms_per_append": {
+                    g: statistics.median(run["cpu_ms"][g] for run in runs) for g in groups
+                },
+                "cpu_ms_rounds": [run["cpu_ms"] for run in runs],
+                "wall_s_rounds": [run["wall_s"] for run in runs],
+            }
+            if runs[0].get("bouncer"):
+                entry[name]["bouncer_per_append"] = {
+                    k: statistics.median(run["bouncer"][k] for run in runs)
+                    for k in runs[0]["bouncer"]
+                }
+        for name in sides:
+            ratios = [r[name]["per_s"] / r["library"]["per_s"] for r in rounds]
+            entry[name]["over_library_rounds"] = ratios
+            entry[name]["over_library"] = statistics.median(ratios)
+        out.append(entry)
+    return out
+
+
+def report(
+    table: list[dict[str, Any]], sides: list[str], proxy: dict[str, Any] | None, total: int
+) -> str:
+    out = []
+    if table:
+        rounds = table[0]["rounds"]
+        head = " | ".join(f"{s} | {s} / library | {s} CPU / append | {s} p50 / p99" for s in sides)
+        out += [
+            f"### Appends ({total} per run; one session per client; median of {rounds}"
+            " interleaved rounds, each ratio against the library run of its round)",
+            "",
+            f"| clients | {head} | library | raw asyncpg | library p50 / p99 |",
+            "|---:|" + "---:|" * (4 * len(sides) + 3),
+        ]
+    for row in table:
+        cells = []
+        for s in sides:
+            side = row[s]
+            cells.append(
+                f"{side['per_s']:,.0f}/s | **{side['over_library']:.2f}x**"
+                f" ({', '.join(f'{x:.2f}' for x in side['over_library_rounds'])})"
+                f" | {side['cpu_ms_per_append'][s]:.3f} ms"
+                f" | {side['p50_ms']:.2f} / {side['p99_ms']:.2f} ms"
+            )
+        lib = row["library"]
         out.append(
-            f"| {row['clients']} | {svc_rate:,.0f}/s | {lib_rate:,.0f}/s | {raw_rate:,.0f}/s"
-            f" | **{svc_rate / lib_rate:.2f}x** | {row.get('service_cpu_ms', 0):.2f} ms"
-            f" | {pct(svc_lat, 0.5):.2f} / "
-            f"{pct(svc_lat, 0.99):.2f} ms | {pct(lib_lat, 0.5):.2f} / {pct(lib_lat, 0.99):.2f} ms |"
+            f"| {row['clients']} | {' | '.join(cells)} | {lib['per_s']:,.0f}/s"
+            f" | {row['raw']['per_s']:,.0f}/s | {lib['p50_ms']:.2f} / {lib['p99_ms']:.2f} ms |"
         )
-    bounced = [r for r in rows if r.get("bouncer")]
+    if table:
+        groups = [g for g in table[0]["library"]["cpu_ms_per_append"] if g not in sides]
+        own = "the service side's own processes"
+        out += [
+            "",
+            f"CPU per append by process, ms (median over rounds; 'own' is {own}; "
+            f"'{MACHINE}' is every process on the machine, other sessions' included; "
+            "'cores' is what our processes kept busy over the run's wall time):",
+            "",
+            f"| clients | run | own | {' | '.join(groups)} | ours in all | cores |",
+            "|---:|---|" + "---:|" * (len(groups) + 3),
+        ]
+        for row in table:
+            for name in [*sides, "library", "raw"]:
+                cpu = row[name]["cpu_ms_per_append"]
+                mine = cpu.get(name, 0.0)
+                others = [cpu[g] for g in groups]
+                ours = mine + sum(cpu[g] for g in groups if g != MACHINE)
+                rate = row[name]["per_s"]
+                out.append(
+                    f"| {row['clients']} | {name} | {mine:.3f} | "
+                    + " | ".join(f"{x:.3f}" for x in others)
+                    + f" | {ours:.3f} | {ours * rate / 1000:.2f} |"
+                )
+    bounced = [(row, s) for row in table for s in sides if row[s].get("bouncer_per_append")]
     if bounced:
         out += ["", "Through PgBouncer, per service append (its SHOW STATS):", ""]
         out += [
-            f"- {r['clients']} clients: {r['bouncer']['query_count']:.2f} server round trips,"
-            f" {r['bouncer']['xact_count']:.2f} transactions"
-            for r in bounced
+            f"- {row['clients']} clients, {s}: "
+            f"{row[s]['bouncer_per_append']['query_count']:.2f} server round trips,"
+            f" {row[s]['bouncer_per_append']['xact_count']:.2f} transactions"
+            for row, s in bounced
         ]
     if proxy is None:
         return "\n".join(out)
@@ -459,21 +600,15 @@ def report(rows: list[dict[str, Any]], proxy: dict[str, Any] | None, total: int)
     return "\n".join(out)
 
 
-def figures(rows: list[dict[str, Any]], proxy: dict[str, Any] | None) -> dict[str, Any]:
-    """The report's figures, for ``bench/results/`` (the retry's are added as they are)."""
-    appends = []
-    for row in rows:
-        entry: dict[str, Any] = {"clients": row["clients"]}
-        for name in ("service", "library", "raw"):
-            rate, lat = row[name]
-            entry[name] = {"per_s": rate, "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99)}
-        entry["service_over_library"] = row["service"][0] / row["library"][0]
-        entry["service_over_raw"] = row["service"][0] / row["raw"][0]
-        if row.get("bouncer"):
-            entry["bouncer_per_append"] = row["bouncer"]
-        entry["service_cpu_ms_per_append"] = row.get("service_cpu_ms")
-        appends.append(entry)
-    return {"appends": appends, "proxy": proxy}
+async def postmaster_of(dsn: str) -> int:
+    """The PostgreSQL postmaster's pid: the parent of a backend's."""
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        parent = parent_of(int(await conn.fetchval("SELECT pg_backend_pid()")))
+    finally:
+        await conn.close()
+    assert parent is not None, "the server's processes are not visible here"
+    return parent
 
 
 async def main_async(
@@ -481,42 +616,86 @@ async def main_async(
     dsn: str,
     service_dsn: str | None = None,
     stats: Stats | None = None,
+    bouncer_pid: int | None = None,
 ) -> None:
     """``service_dsn``: where the service connects (PgBouncer), when not ``dsn``;
-    ``stats``: PgBouncer's totals, then."""
+    ``stats``: PgBouncer's totals, then, and ``bouncer_pid`` its process."""
     async with Ledger.open(dsn, migrate=True):
         pass
+    groups = Groups()
+    groups.add("postgres", await postmaster_of(dsn))
+    if bouncer_pid is not None:
+        groups.add("pgbouncer", bouncer_pid)
+    groups.add("client", os.getpid(), tree=False)  # the load generator (and the library)
+    code = {"service": None, "base": args.base_service}
+    sides = [name for name, source in code.items() if name == "service" or source]
+    if args.floor:
+        sides.append("floor")
     with running_fake_llm() as fake:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = start_service(
-            service_dsn or dsn,
-            port,
-            fake.base_url,
-            workers=args.workers,
-            pgbouncer=service_dsn is not None,
-        )
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        urls: dict[str, str] = {}
         try:
-            await wait_ready(url, proc)
-            progress("service ready")
-            async with Http(args.client, url) as http:
-                rows, proxy, retry = [], None, None
-                if args.only is None or args.only == "appends":
-                    rows = await bench_appends(dsn, http, args.appends, stats, proc.pid)
-                if args.only is None or args.only == "proxy":
-                    progress("proxy overhead")
-                    proxy = await bench_proxy(
-                        http, fake.base_url, args.proxy_calls, stats, proc.pid
+            for name in sides:
+                port = free_port()
+                urls[name] = f"http://127.0.0.1:{port}"
+                if name == "floor":
+                    procs[name] = start_floor(
+                        service_dsn or dsn, port, args.workers, service_dsn is not None
                     )
-                if args.retry_messages:
-                    progress(f"a retry at {args.retry_messages:,} messages")
-                    retry = await bench_retry(http, dsn, args.retry_messages, args.retries)
+                    continue
+                procs[name] = start_service(
+                    service_dsn or dsn,
+                    port,
+                    fake.base_url,
+                    workers=args.workers,
+                    pgbouncer=service_dsn is not None,
+                    source=code[name],
+                )
+            for name, proc in procs.items():
+                await wait_ready(urls[name], proc)
+                groups.add(name, proc.pid)
+            progress(f"ready: {', '.join(procs)}")
+            async with Http(args.client, urls["service"]) as http:
+                others = [Http(args.client, urls[name]) for name in sides[1:]]
+                for other in others:
+                    await other.__aenter__()
+                try:
+                    rows, proxy, retry = [], None, None
+                    if args.only is None or args.only == "appends":
+                        rows = await bench_appends(
+                            dsn,
+                            list(zip(sides, [http, *others], strict=True)),
+                            args.appends,
+                            args.rounds,
+                            groups,
+                            stats,
+                        )
+                    if args.only is None or args.only == "proxy":
+                        progress("proxy overhead")
+                        proxy = await bench_proxy(
+                            http, fake.base_url, args.proxy_calls, stats, procs["service"].pid
+                        )
+                    if args.retry_messages:
+                        progress(f"a retry at {args.retry_messages:,} messages")
+                        retry = await bench_retry(http, dsn, args.retry_messages, args.retries)
+                finally:
+                    for other in others:
+                        await other.__aexit__(None, None, None)
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            for proc in procs.values():
+                proc.terminate()
+            for proc in procs.values():
+                proc.wait(timeout=30)
+    table = summary(rows, sides)
     behind = ", through PgBouncer (transaction mode)" if service_dsn else ""
-    print(f"(load from {args.client} clients; {args.workers} service process(es){behind})\n")
-    print(report(rows, proxy, args.appends))
+    base = f"; base: the service code of {args.base_service}" if args.base_service else ""
+    if args.floor:
+        base += "; floor: the library behind a bare ASGI app (bench/service_floor.py)"
+    print(
+        f"(load from {args.client} clients; {args.workers} service process(es) per side"
+        f"{behind}{base}; load average {os.getloadavg()[0]:.1f} at the end)\n"
+    )
+    print(report(table, sides, proxy, args.appends))
     if retry is not None:
         print(
             f"\n### A retry in a process that did not build the request\n\n"
@@ -528,9 +707,14 @@ async def main_async(
         "workers": args.workers,
         "pgbouncer": service_dsn is not None,
         "client": args.client,
-        "appends_per_row": args.appends,
+        "appends_per_run": args.appends,
+        "rounds": args.rounds,
+        "base_service": args.base_service,
+        "floor": args.floor,
+        "load_average_at_end": os.getloadavg(),
         "proxy_calls": args.proxy_calls,
-        **figures(rows, proxy),
+        "appends": table,
+        "proxy": proxy,
         "retry": retry,
     }
     progress(f"figures: {write_results(name, doc)}")
@@ -539,7 +723,19 @@ async def main_async(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", help="a PostgreSQL server to use (default: a fresh embedded one)")
-    parser.add_argument("--appends", type=int, default=2048, help="appends per row")
+    parser.add_argument("--appends", type=int, default=2048, help="appends per run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per row")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run the library behind a bare ASGI app (bench/service_floor.py), paired",
+    )
+    parser.add_argument(
+        "--base-service",
+        metavar="DIR",
+        help="also run this tree's service code (DIR/service, e.g. a git worktree of main),"
+        " paired and interleaved with this one's",
+    )
     parser.add_argument("--proxy-calls", type=int, default=200)
     parser.add_argument("--client", choices=["wire", "aiohttp", "httpx"], default="wire")
     parser.add_argument("--workers", type=int, default=1, help="service processes")
@@ -561,8 +757,8 @@ def main() -> None:
     args = parser.parse_args()
     install_sigterm_handler()
     if args.pgbouncer:
-        with embedded_server() as dsn, behind_pgbouncer(dsn) as (service_dsn, stats):
-            asyncio.run(main_async(args, dsn, service_dsn, stats))
+        with embedded_server() as dsn, behind_pgbouncer(dsn) as (service_dsn, stats, pid):
+            asyncio.run(main_async(args, dsn, service_dsn, stats, pid))
     elif args.dsn:
         asyncio.run(main_async(args, args.dsn))
     else:
@@ -571,9 +767,9 @@ def main() -> None:
 
 
 @contextmanager
-def behind_pgbouncer(dsn: str) -> Iterator[tuple[str, Stats]]:
+def behind_pgbouncer(dsn: str) -> Iterator[tuple[str, Stats, int]]:
     """PgBouncer (tests/integration/pgbouncer.py) in front of the embedded server at
-    ``dsn``: the DSN through it, as the same user, and its ``SHOW STATS`` totals."""
+    ``dsn``: the DSN through it, as the same user, its ``SHOW STATS`` totals, its pid."""
     from urllib.parse import parse_qs
 
     from tests.integration.pgbouncer import running_pgbouncer
@@ -584,7 +780,8 @@ def behind_pgbouncer(dsn: str) -> Iterator[tuple[str, Stats]]:
     port = int(query.get("port", [parts.port or 5432])[0])
     user = parts.username or "postgres"
     with running_pgbouncer(host, port, [user, "contextledger_service"], pool_size=8) as bouncer:
-        yield bouncer.dsn(user, parts.path.lstrip("/")), lambda: bouncer.stats(user)
+        pid = int((bouncer.log.parent / "pgbouncer.pid").read_text().strip())
+        yield bouncer.dsn(user, parts.path.lstrip("/")), lambda: bouncer.stats(user), pid
 
 
 if __name__ == "__main__":

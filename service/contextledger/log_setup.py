@@ -14,11 +14,13 @@ variables (prompts and API keys live in locals), in either format.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 from typing import Any, Literal, TextIO
 
+import orjson
 import structlog
 from structlog.types import EventDict, Processor, WrappedLogger
 
@@ -32,6 +34,54 @@ LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
 
 class _OurHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Marker class: lets ``configure_logging`` find and replace its own handler."""
+
+
+class LineLogger:
+    """structlog's logger under ``configure_logging``: writes each line structlog
+    rendered to the stream of our stdlib handler, under that handler's lock (so a line
+    from the stdlib, in another thread, never interleaves with it), as the handler writes
+    its own: the line, a newline, a flush. ``name`` is what ``add_logger_name`` reads."""
+
+    __slots__ = ("_handler", "name")
+
+    def __init__(self, name: str, handler: logging.StreamHandler) -> None:  # type: ignore[type-arg]
+        self.name, self._handler = name, handler
+
+    def msg(self, line: str) -> None:
+        handler = self._handler
+        with handler.lock or _NO_LOCK:
+            handler.stream.write(line + handler.terminator)
+            handler.stream.flush()
+
+    debug = info = warning = warn = error = critical = fatal = exception = log = msg
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+
+
+class LineLoggerFactory:
+    """``structlog.get_logger(name)`` → a ``LineLogger`` named ``name`` (without one, the
+    caller's module, as structlog's stdlib ``LoggerFactory`` names it)."""
+
+    def __init__(self, handler: logging.StreamHandler) -> None:  # type: ignore[type-arg]
+        self.handler = handler
+
+    def __call__(self, *args: Any) -> LineLogger:
+        if args:
+            name = str(args[0])
+        else:
+            from structlog._frames import _find_first_app_frame_and_name
+
+            _, name = _find_first_app_frame_and_name([__name__])
+        return LineLogger(name, self.handler)
 
 
 def drop_litellm_redacted(_logger: WrappedLogger, _name: str, event_dict: EventDict) -> EventDict:
@@ -106,6 +156,18 @@ def library_defaults() -> None:
         )
 
 
+def json_line(obj: Any, **kw: Any) -> str:
+    """``JSONRenderer``'s serializer: orjson, ~4x faster than ``json.dumps`` on the
+    service's access line (one per request). ``json.dumps`` (what the renderer used)
+    where orjson would differ or refuses: non-ASCII text (``json`` escapes it, and the
+    stream may not be UTF-8), an int past 64 bits. Only the spacing differs."""
+    try:
+        line = orjson.dumps(obj, default=kw.get("default"), option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        return json.dumps(obj, **kw)
+    return line.decode() if line.isascii() else json.dumps(obj, **kw)
+
+
 def _resolve_format(fmt: LogFormat | None) -> LogFormat:
     if fmt is None:
         env = os.environ.get(LOG_FORMAT_ENV, "").strip().lower()
@@ -165,7 +227,7 @@ def configure_logging(
             structlog.processors.ExceptionRenderer(
                 structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
             ),
-            structlog.processors.JSONRenderer(),
+            structlog.processors.JSONRenderer(serializer=json_line),
         ]
     else:
         isatty = getattr(out, "isatty", None)
@@ -181,14 +243,21 @@ def configure_logging(
     root.addHandler(handler)
     root.setLevel(level)
 
+    # structlog's own lines are rendered by structlog and written straight to the
+    # handler's stream (``LineLogger``): the same processors, in the same order, as the
+    # stdlib records' (``shared`` then ``final``), without a stdlib record made and copied
+    # per line (~49 -> ~20 us for the service's access line, one per request); a line
+    # under ``level`` costs a no-op method call, not the processor chain.
+    numeric = level if isinstance(level, int) else logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}")
     structlog.configure(
         processors=[
-            structlog.stdlib.filter_by_level,
-            *shared,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+            *[p for p in shared if not isinstance(p, structlog.stdlib.ExtraAdder)],
+            *final[1:],  # not remove_processors_meta: no stdlib record here
         ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
+        logger_factory=LineLoggerFactory(handler),
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
         cache_logger_on_first_use=cache_loggers,
     )
     tame_litellm_loggers(litellm_level)

@@ -3,7 +3,9 @@
 The route also takes ``application/<x>+json`` bodies, which the lane leaves to FastAPI:
 each request below is sent once as ``application/json`` (the lane's) and once as
 ``application/contextledger+json`` (the route's) to twin sessions, and the answers must
-match, errors included.
+match, errors included. The append lane (``http/append_lane.py``) answers the usual
+``application/json`` append in front of the middleware stack and hands the rest to it:
+each case below also says which of the two answered.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tests.fakellm import running_fake_llm
 from tests.integration.service_support import Running, new_key, running_service
 
 LANE = "application/json"
+JSON = {"Content-Type": LANE}
 ROUTE = "application/contextledger+json"
 
 
@@ -32,52 +35,59 @@ def user(text: str) -> dict[str, Any]:
 
 async def both(
     svc: Running, session: str, body: Any, headers: dict[str, str] | None = None
-) -> tuple[tuple[int, Any, str | None], tuple[int, Any, str | None]]:
+) -> tuple[tuple[int, Any, str | None], tuple[int, Any, str | None], list[int]]:
     """The same append to ``<session>-lane`` through the lane and ``<session>-route``
-    through FastAPI: (status, body, ETag) of each, the session names made equal."""
+    through FastAPI: (status, body, ETag) of each, the session names made equal, and how
+    many of each the append lane answered itself."""
     out = []
+    answered = []
+    lane = svc.app.append_lane  # type: ignore[attr-defined]
     for kind, ctype in (("lane", LANE), ("route", ROUTE)):
         raw = json.dumps(body).encode() if not isinstance(body, bytes) else body
+        before = lane.answered
         r = await svc.client.post(
             f"/v1/sessions/{session}-{kind}/messages",
             content=raw,
             headers={"Content-Type": ctype, **(headers or {})},
         )
+        answered.append(lane.answered - before)
         text = r.text.replace(f"{session}-{kind}", session)
         assert r.headers["content-type"] in ("application/json", "application/problem+json")
         out.append((r.status_code, json.loads(text), r.headers.get("etag")))
-    return out[0], out[1]
+    return out[0], out[1], answered
 
 
 async def test_lane_and_route_answer_alike(svc: Running) -> None:
     c = svc.client
     for kind in ("lane", "route"):
         assert (await c.post("/v1/sessions", json={"session_id": f"s-{kind}"})).status_code == 201
-    cases: list[tuple[Any, dict[str, str]]] = [
-        ({"message": user("one")}, {}),
-        ({"messages": [user("two"), {"role": "assistant", "content": "three"}]}, {}),
-        ({"message": user("four")}, {"Idempotency-Key": "k"}),
-        ({"message": user("four")}, {"Idempotency-Key": "k"}),  # a retry: same seqs
-        ({"message": user("other")}, {"Idempotency-Key": "k"}),  # 409 conflict
-        ({"message": user("stale")}, {"If-Match": '"2"'}),  # 409, head in the body
-        ({"message": user("fresh")}, {"If-Match": '"5"'}),
-        ({"message": user("x")}, {"If-Match": "not-a-seq"}),  # 422 from parse_if_match
-        ({"message": user("x")}, {"Idempotency-Key": "k" * 201}),  # header too long
-        ({"messages": [user("ok"), {"role": "wizard"}]}, {}),  # whole batch rejected
-        ({"messages": []}, {}),
-        ({"message": user("x"), "messages": [user("y")]}, {}),
-        ({"message": user("x"), "extra": 1}, {}),  # the model forbids extra fields
-        ({"message": "not an object"}, {}),
-        (["not", "an", "object"], {}),
-        (b"{not json", {}),
-        (b"", {}),
-        ({"message": user("last"), "critical": True}, {}),
+    # (body, headers, whether the append lane answers the application/json twin itself)
+    cases: list[tuple[Any, dict[str, str], bool]] = [
+        ({"message": user("one")}, {}, True),
+        ({"messages": [user("two"), {"role": "assistant", "content": "three"}]}, {}, True),
+        ({"message": user("four")}, {"Idempotency-Key": "k"}, True),
+        ({"message": user("four")}, {"Idempotency-Key": "k"}, True),  # a retry: same seqs
+        ({"message": user("other")}, {"Idempotency-Key": "k"}, True),  # 409 conflict
+        ({"message": user("stale")}, {"If-Match": '"2"'}, True),  # 409, head in the body
+        ({"message": user("fresh")}, {"If-Match": '"5"'}, True),
+        ({"message": user("x")}, {"If-Match": "not-a-seq"}, True),  # 422 from parse_if_match
+        ({"message": user("x")}, {"Idempotency-Key": "k" * 201}, False),  # header too long
+        ({"messages": [user("ok"), {"role": "wizard"}]}, {}, True),  # whole batch rejected
+        ({"messages": []}, {}, True),
+        ({"message": user("x"), "messages": [user("y")]}, {}, True),
+        ({"message": user("x"), "extra": 1}, {}, False),  # the model forbids extra fields
+        ({"message": "not an object"}, {}, False),
+        (["not", "an", "object"], {}, False),
+        (b"{not json", {}, False),
+        (b"", {}, False),
+        ({"message": user("last"), "critical": True}, {}, True),
     ]
-    for body, headers in cases:
-        lane, route = await both(svc, "s", body, headers)
+    for body, headers, by_lane in cases:
+        lane, route, answered = await both(svc, "s", body, headers)
         assert lane == route, (body, headers)
-    lane, route = await both(svc, "missing", {"message": user("x")})
-    assert lane == route and lane[0] == 404
+        assert answered == [int(by_lane), 0], (body, headers)
+    lane, route, answered = await both(svc, "missing", {"message": user("x")})
+    assert lane == route and lane[0] == 404 and answered == [1, 0]
     branch = [(await c.get(f"/v1/sessions/s-{k}/messages")).json() for k in ("lane", "route")]
     assert branch[0] == branch[1] and len(branch[0]["messages"]) == 6
 
@@ -90,15 +100,29 @@ async def test_lane_reads_a_chunked_body_and_logs_the_route(svc: Running) -> Non
         for i in range(0, len(raw), 64):
             yield raw[i : i + 64]
 
+    append_lane = svc.app.append_lane  # type: ignore[attr-defined]
+    before = append_lane.answered
     with structlog.testing.capture_logs() as logs:
         r = await svc.client.post(
             "/v1/sessions/c/messages", content=pieces(), headers={"Content-Type": LANE}
         )
+        whole = await svc.client.post("/v1/sessions/c/messages", content=raw, headers=JSON)
     assert r.status_code == 201 and r.json() == {"seqs": [2], "head": 2}
+    assert whole.status_code == 201 and whole.json() == {"seqs": [3], "head": 3}
+    assert append_lane.answered == before + 1  # the chunked one went through the stack
     assert r.headers["etag"] == '"2"'
-    [line] = [e for e in logs if e.get("event") == "request"]
-    assert line["route"] == "/v1/sessions/{session_id}/messages"
-    assert line["status"] == 201 and line["tenant"] == "local"
+    lines = [e for e in logs if e.get("event") == "request"]
+    assert len(lines) == 2  # one line each, whichever path answered
+    for line in lines:
+        assert line["route"] == "/v1/sessions/{session_id}/messages"
+        assert line["status"] == 201 and line["tenant"] == "local"
+        assert line["method"] == "POST" and line["ms"] > 0
+    metrics = (await svc.client.get("/metrics")).text  # counted alike too
+    assert (
+        'contextledger_http_requests_total{method="POST",'
+        'route="/v1/sessions/{session_id}/messages",status="201"} 2.0'
+    ) in metrics
+    assert "contextledger_appends_total 2.0" in metrics
 
 
 async def test_lane_needs_a_key_once_keys_exist(svc: Running, pg_dsn: str) -> None:

@@ -5,6 +5,7 @@ real HTTP against a real PostgreSQL; a tests/fakellm.py server plays the attacke
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -261,3 +262,70 @@ async def test_a_plain_json_client_still_works(local: Running) -> None:
     r = await local.client.delete("/v1/sessions/plain", params={"reason": "done"})
     assert r.status_code == 200, r.text
     assert not await exists(local, "plain")
+
+
+# -- the append lane (http/append_lane.py): the same refusals on its path -------------------
+
+
+async def test_the_append_lanes_path_keeps_every_refusal(local: Running) -> None:
+    """``POST /v1/sessions/{id}/messages`` with a JSON body is answered in front of the
+    middleware stack: each refusal above holds there too, nothing is written, and the
+    lane answers none of them itself (the usual append at the end shows it is live)."""
+    lane = local.app.append_lane  # type: ignore[attr-defined]
+    c = local.client
+    assert (await c.post("/v1/sessions", json={"session_id": "s"})).status_code == 201
+    body = {"message": {"role": "user", "content": "x"}}
+    path = "/v1/sessions/s/messages"
+    refused: list[tuple[dict[str, str], int, str]] = [
+        ({"Origin": "http://evil.example"}, 403, "CROSS_SITE"),
+        ({"Origin": "null"}, 403, "CROSS_SITE"),
+        ({"Sec-Fetch-Site": "cross-site"}, 403, "CROSS_SITE"),
+        ({"Sec-Fetch-Site": "same-site"}, 403, "CROSS_SITE"),
+        ({"Host": "evil.example"}, 403, "HOST_NOT_ALLOWED"),
+        ({"Content-Type": "text/plain"}, 415, "UNSUPPORTED_MEDIA_TYPE"),
+    ]
+    before = lane.answered
+    for headers, status, code in refused:
+        r = await c.post(path, json=body, headers=headers)
+        assert (r.status_code, r.json()["code"]) == (status, code), headers
+    cap = local.app.state.settings.max_body_bytes
+    r = await c.post(path, content=b" " * cap + b"{}", headers=JSON_TYPE)
+    assert r.status_code == 413 and r.json()["code"] == "BODY_TOO_LARGE"
+    assert lane.answered == before
+    assert (await c.get("/v1/sessions/s")).json()["head"] == 1
+    r = await c.post(path, json=body)
+    assert r.status_code == 201 and lane.answered == before + 1
+
+
+async def test_the_append_lanes_path_asks_for_the_key_first(pg_dsn: str) -> None:
+    """With keys, the lane answers a usual append without a valid key with a 401 before
+    a byte of its body is read (so a body that is not JSON gets no parse error), and one
+    with another tenant's key finds no session: the route's problems, from the lane."""
+    own = await new_key(pg_dsn, "local")
+    other = await new_key(pg_dsn, "acme")
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as svc:
+        lane = svc.app.append_lane  # type: ignore[attr-defined]
+        c, path = svc.client, "/v1/sessions/s/messages"
+        mine = {"X-ContextLedger-Key": own}
+        assert (await c.post("/v1/sessions", json={"session_id": "s"}, headers=mine)).is_success
+        body = {"message": {"role": "user", "content": "x"}}
+        before = lane.answered
+        for headers, content in (
+            ({}, json.dumps(body).encode()),
+            ({"Authorization": "Bearer cl_wrong"}, json.dumps(body).encode()),
+            ({}, b"{not json"),  # the key before the body: no parse error
+        ):
+            r = await c.post(path, content=content, headers={**JSON_TYPE, **headers})
+            assert r.status_code == 401 and r.json()["code"] == "UNAUTHORIZED"
+            assert r.headers["www-authenticate"] == "Bearer"
+            assert r.headers["content-type"] == "application/problem+json"
+        assert lane.answered == before + 3
+        r = await c.post(path, json=body, headers={"Authorization": f"Bearer {other}"})
+        assert r.status_code == 404 and r.json()["code"] == "SESSION_NOT_FOUND"  # not acme's
+        r = await c.post(path, json=body, headers=mine)
+        assert r.status_code == 201 and r.json() == {"seqs": [2], "head": 2}
+        assert lane.answered == before + 5
+        assert (await c.get("/v1/sessions/s", headers=mine)).json()["head"] == 2
+
+
+JSON_TYPE = {"Content-Type": "application/json"}

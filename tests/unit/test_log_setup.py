@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import structlog
 
-from contextledger.log_setup import LITELLM_LOGGERS, configure_logging
+from contextledger.log_setup import LITELLM_LOGGERS, configure_logging, json_line
 
 
 @pytest.fixture(autouse=True)
@@ -169,3 +169,49 @@ def test_plain_stdlib_logging_shows_the_context_of_a_library_record() -> None:
     )
     assert lines[1] == "ERROR failed_once attempt=2"
     assert "ValueError: boom" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"event": "request", "status": 201, "ms": 1.25, "tenant": None, "ok": True},
+        {"event": "naïve café"},  # json escapes it: so does the line
+        {"event": "big", "n": 2**70},  # past orjson's 64 bits
+        {"event": "keys", "by_id": {1: "one"}},
+        {"event": "odd", "value": object()},  # the renderer's default: its repr
+    ],
+)
+def test_a_json_line_reads_back_as_json_dumps_wrote_it(event: dict[str, Any]) -> None:
+    line = json_line(event, default=repr)
+    assert json.loads(line) == json.loads(json.dumps(event, default=repr))
+    assert line.isascii()
+
+
+class Rendered:
+    """A value that counts how often a renderer asked for it."""
+
+    def __init__(self) -> None:
+        self.times = 0
+
+    def __repr__(self) -> str:
+        self.times += 1
+        return "rendered"
+
+
+def test_structlog_and_stdlib_lines_render_alike_and_a_hidden_line_is_not_rendered() -> None:
+    out = io.StringIO()
+    configure_logging("json", level="INFO", stream=out, cache_loggers=False)
+    hidden = Rendered()
+    structlog.get_logger("contextledger.access").debug("hidden", value=hidden)
+    structlog.get_logger("contextledger.access").info("request", status=201, value=Rendered())
+    logging.getLogger("uvicorn.error").info("started %s", "server")
+    structlog.get_logger().warning("unnamed")  # named after the calling module
+    lines = _lines(out)
+    assert hidden.times == 0  # below the level: never rendered, not even to be dropped
+    assert list(lines[0]) == ["status", "value", "event", "logger", "level", "timestamp"]
+    assert list(lines[2]) == ["event", "logger", "level", "timestamp"]
+    assert lines[0]["value"] == "rendered" and lines[0]["level"] == "info"
+    # the stdlib's line (pytest's own capture may add its "message"): the same fields
+    assert lines[1] == {**lines[1], "event": "started server", "logger": "uvicorn.error"}
+    assert {"level", "timestamp"} <= lines[1].keys()
+    assert lines[2]["logger"] == __name__ and lines[2]["level"] == "warning"

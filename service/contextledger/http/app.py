@@ -14,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 
 from contextledger.errors import ConfigError
 from contextledger.http import audit, ops, problems, proxy, rest, schedule
+from contextledger.http.append_lane import AppendLane, ServiceApp
 from contextledger.http.guard import Guard
 from contextledger.http.lane import Lane
 from contextledger.http.metrics import Metrics
@@ -27,18 +28,46 @@ access_log = structlog.get_logger("contextledger.access")
 VERSION = "0.1.0"
 
 
-class AccessLog:
-    """Pure ASGI middleware: one structured line and the metrics per request.
+class RequestRecords:
+    """Each request's metrics and its one structured log line: method, route template,
+    status, duration and tenant; never bodies, query strings or headers (keys travel in
+    headers). Shared by ``AccessLog`` and the append lane, which answers in front of it."""
 
-    Logs method, route template, status, duration and tenant: never bodies,
-    query strings or headers (keys travel in headers).
-    """
-
-    def __init__(self, app: Any, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
         #: (method, route, status) -> the metric children: ``labels()`` resolves them
         #: under a lock per call. As many entries as the metrics' own label sets.
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def record(self, scope: Any, status: int, started: float) -> None:
+        route = getattr(scope.get("route"), "path", None) or "unmatched"
+        elapsed = time.perf_counter() - started
+        method = scope["method"]
+        children = self._children.get((method, route, status))
+        if children is None:
+            children = (
+                self.metrics.requests.labels(method, route, str(status)),
+                self.metrics.latency.labels(method, route),
+            )
+            self._children[(method, route, status)] = children
+        children[0].inc()
+        children[1].observe(elapsed)
+        state = scope.get("state") or {}
+        access_log.info(
+            "request",
+            method=method,
+            route=route,
+            status=status,
+            ms=round(elapsed * 1000, 2),
+            tenant=state.get("tenant"),
+        )
+
+
+class AccessLog:
+    """Pure ASGI middleware: ``RequestRecords.record`` for every HTTP request."""
+
+    def __init__(self, app: Any, records: RequestRecords) -> None:
+        self.app, self.records = app, records
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -56,27 +85,7 @@ class AccessLog:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            elapsed = time.perf_counter() - started
-            method = scope["method"]
-            children = self._children.get((method, route, status))
-            if children is None:
-                children = (
-                    self.metrics.requests.labels(method, route, str(status)),
-                    self.metrics.latency.labels(method, route),
-                )
-                self._children[(method, route, status)] = children
-            children[0].inc()
-            children[1].observe(elapsed)
-            state = scope.get("state") or {}
-            access_log.info(
-                "request",
-                method=method,
-                route=route,
-                status=status,
-                ms=round(elapsed * 1000, 2),
-                tenant=state.get("tenant"),
-            )
+            self.records.record(scope, status, started)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -117,7 +126,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await tenants.close()  # in-flight appends finish: each ledger waits for its own
             await relay.close()
 
-    app = FastAPI(
+    app = ServiceApp(
         title="contextledger",
         version=VERSION,
         summary="An LLM agent's memory as an append-only event ledger: REST, proxy, audit.",
@@ -144,6 +153,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(Lane)  # inside AccessLog: its requests are logged and counted
     # before the lane and every route: size, media type, same-site, Host (http/guard.py)
     app.add_middleware(Guard, settings=settings)
-    app.add_middleware(AccessLog, metrics=metrics)
+    records = RequestRecords(metrics)
+    app.add_middleware(AccessLog, records=records)
     app.add_middleware(TraceContext)  # outermost: the caller's trace is every span's parent
+    # in front of the whole stack: the usual append (http/append_lane.py)
+    app.append_lane = AppendLane(app.full_stack, Guard(None, settings), records.record)
     return app

@@ -86,7 +86,7 @@ class Guard:
         headers: dict[bytes, bytes] = {}
         for name, value in scope["headers"]:
             headers.setdefault(name, value)
-        refused = self._refusal(scope, headers)
+        refused = self.refusal(scope, headers)
         if refused is not None:
             await refused(scope, receive, send)
             return
@@ -149,7 +149,7 @@ class Guard:
         netloc = parts.netloc.lower()
         return netloc == host.strip().lower() or host_of(netloc) in self.named
 
-    def _refusal(self, scope: Scope, headers: Mapping[bytes, bytes]) -> Any:
+    def refusal(self, scope: Scope, headers: Mapping[bytes, bytes]) -> Any:
         host = headers.get(b"host", b"").decode("latin-1")
         if self.local and host_of(host) not in self.hosts:
             return problem(

@@ -1,4 +1,6 @@
-"""``Lane``: the hot routes without the framework's per-request work.
+"""``Lane``: the hot routes without the framework's per-request work (the usual append
+is answered before it, by ``append_lane.AppendLane``; this lane takes the appends that
+reach the stack: chunked bodies, say).
 
 Appending is the service's hot path, and FastAPI's routing, dependency solving and
 exception middlewares cost a request more CPU than the append itself (py-spy under
@@ -34,7 +36,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 APPEND = "/v1/sessions/{session_id}/messages"
 PROXY = "/v1/chat/completions"
-_APPEND = re.compile(r"/v1/sessions/([^/]+)/messages")  # starlette's {name}: one segment
+APPEND_PATH = re.compile(r"/v1/sessions/([^/]+)/messages")  # starlette's {name}: one segment
 
 
 class Lane:
@@ -53,7 +55,7 @@ class Lane:
             scope["route"], scope["path_params"] = self.proxy_route, {}
             request = Request(scope, receive)
             await _answer(request, send, proxy.chat_completions(request))
-        elif (match := _APPEND.fullmatch(scope["path"])) is not None:
+        elif (match := APPEND_PATH.fullmatch(scope["path"])) is not None:
             await self._append(scope, receive, send, match.group(1))
         else:
             await self.app(scope, receive, send)

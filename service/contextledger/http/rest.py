@@ -290,7 +290,23 @@ async def append(
     idempotency_key: str | None,
     if_match: str | None,
 ) -> JSONResponse:
-    """The append route's work, shared with ``lane.Lane`` (its framework-free fast path)."""
+    """The append route's work and answer, shared with ``lane.Lane``."""
+    seqs, head = await appended(request, tenant, session_id, body, idempotency_key, if_match)
+    return JSONResponse(  # the hot path: no response-model pass
+        {"seqs": seqs, "head": head}, status_code=201, headers={"ETag": f'"{head}"'}
+    )
+
+
+async def appended(
+    request: Request,
+    tenant: str,
+    session_id: str,
+    body: MessageAppend,
+    idempotency_key: str | None,
+    if_match: str | None,
+) -> tuple[list[int], int]:
+    """The append route's work: the seqs written and the head after them (shared with
+    ``append_lane.AppendLane``, which renders the 201 itself)."""
     if (body.message is None) == (body.messages is None):
         raise InvalidArgument("send either 'message' or 'messages'", field="message")
     batch = [body.message] if body.message is not None else list(body.messages or [])
@@ -325,9 +341,7 @@ async def append(
             assert seq is not None
             seqs.append(seq)
     request.app.state.metrics.appends.inc(len(seqs))
-    return JSONResponse(  # the hot path: no response-model pass
-        {"seqs": seqs, "head": session.head}, status_code=201, headers={"ETag": f'"{session.head}"'}
-    )
+    return seqs, session.head
 
 
 @router.get("/{session_id}/messages")
