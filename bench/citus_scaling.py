@@ -148,7 +148,10 @@ async def main_async(args: argparse.Namespace) -> None:
         f"\ntwo workers / one: library {figures['ratio_two_to_one']:.2f}x, raw floor "
         f"{figures['floor_ratio_two_to_one']:.2f}x ({CLIENTS} clients, {args.seconds:g} s each)"
     )
-    print(f"figures: {write_results('citus_scaling', figures)}", file=sys.stderr)
+    if args.label:
+        figures["label"] = args.label
+    name = f"citus_scaling-{args.label}" if args.label else "citus_scaling"
+    print(f"figures: {write_results(name, figures)}", file=sys.stderr)
 
 
 def main() -> int:
@@ -156,6 +159,9 @@ def main() -> int:
     parser.add_argument("--one", required=True, help="database with one worker")
     parser.add_argument("--two", required=True, help="database with two workers")
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--label", help="figures go to bench/results/citus_scaling-LABEL.json (what was set)"
+    )
     asyncio.run(main_async(parser.parse_args()))
     return 0
 
