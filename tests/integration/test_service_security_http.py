@@ -329,3 +329,57 @@ async def test_the_append_lanes_path_asks_for_the_key_first(pg_dsn: str) -> None
 
 
 JSON_TYPE = {"Content-Type": "application/json"}
+
+
+async def test_every_state_changing_api_route_asks_for_the_key_before_its_body(
+    pg_dsn: str,
+) -> None:
+    """Once keys exist, a POST or DELETE under /v1/ without a valid key is a 401 before its
+    body is parsed (FastAPI parses a route's body before the route's key
+    dependency: an anonymous client got a JSON parse, up to the body cap, and a 422);
+    with the key, the route parses and answers as before."""
+    own = await new_key(pg_dsn, "local")
+    async with running_service(Settings(dsn=pg_dsn, migrate=False)) as svc:
+        c, mine = svc.client, {"X-ContextLedger-Key": own}
+        assert (await c.post("/v1/sessions", json={"session_id": "k"}, headers=mine)).is_success
+        for method, path in (
+            ("POST", "/v1/sessions"),
+            ("POST", "/v1/sessions/k/checkpoints"),
+            ("POST", "/v1/sessions/k/rollback"),
+            ("POST", "/v1/sessions/k/compact"),
+            ("POST", "/v1/sessions/k/fork"),
+            ("POST", "/v1/chat/completions"),
+            ("DELETE", "/v1/sessions/k"),
+        ):
+            for headers in ({}, {"Authorization": "Bearer cl_wrong"}):
+                r = await c.request(
+                    method, path, content=b"{not json", headers={**JSON_TYPE, **headers}
+                )
+                assert (r.status_code, r.json()["code"]) == (401, "UNAUTHORIZED"), path
+                assert r.headers["www-authenticate"] == "Bearer"
+        r = await c.post("/v1/sessions", content=b"{not json", headers={**JSON_TYPE, **mine})
+        assert r.status_code == 422  # with the key, the route's own parse error
+        assert (await c.get("/v1/sessions/k", headers=mine)).json()["head"] == 1
+
+
+async def test_with_the_clients_own_bearer_the_proxy_asks_for_its_key_header_first(
+    pg_dsn: str,
+) -> None:
+    """Under ``pass_client_key`` the bearer is the client's upstream key, not ours: a proxy
+    call needs ``X-ContextLedger-Key`` before its body is read (a bearer alone is refused),
+    and with it goes on to the route."""
+    own = await new_key(pg_dsn, "local")
+    settings = Settings(dsn=pg_dsn, migrate=False, pass_client_key=True)
+    async with running_service(settings) as svc:
+        c = svc.client
+        bearer = {"Authorization": f"Bearer {own}"}  # even our own key, sent as the bearer
+        r = await c.post(
+            "/v1/chat/completions", content=b"{not json", headers={**JSON_TYPE, **bearer}
+        )
+        assert (r.status_code, r.json()["code"]) == (401, "UNAUTHORIZED")
+        r = await c.post(
+            "/v1/chat/completions",
+            content=b"{not json",
+            headers={**JSON_TYPE, **bearer, "X-ContextLedger-Key": own},
+        )
+        assert r.status_code not in (401, 403)  # past the key: the route's own answer

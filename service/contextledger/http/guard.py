@@ -17,7 +17,13 @@ may not say (issue 26).
   preflight the service never answers. The audit page's sign-in/out forms are the
   exception, and get the same-origin check above with an ``Origin`` required;
 - in local mode (bound to loopback), a ``Host`` that is not a loopback name (403
-  ``HOST_NOT_ALLOWED``): a DNS-rebinding page reaches 127.0.0.1 under its own name.
+  ``HOST_NOT_ALLOWED``): a DNS-rebinding page reaches 127.0.0.1 under its own name;
+- once keys exist, a state-changing API request (``/v1/...``) without a valid key (401),
+  after the size check and before the body is parsed: FastAPI parses a route's body before the
+  route's key dependency runs, so without this an anonymous client could have the server
+  parse up to ``max_body_bytes`` of JSON per request. (The proxy's bearer is the
+  client's own upstream key under ``pass_client_key``: its key is then the
+  ``X-ContextLedger-Key`` header, as the route reads it.)
 
 It also adds the security headers to every HTML response (CSP with
 ``frame-ancestors 'none'``, ``X-Content-Type-Options: nosniff``, ``Referrer-Policy``).
@@ -32,9 +38,13 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from starlette.requests import Request
+
 from contextledger.core.config import ContextConfig
-from contextledger.errors import ConfigError
-from contextledger.http.problems import problem
+from contextledger.errors import ConfigError, ContextLedgerError
+from contextledger.http import problems
+from contextledger.http.auth import tenant_for
+from contextledger.http.problems import Problem, problem
 from contextledger.http.replay import replay
 from contextledger.http.settings import Settings
 
@@ -44,6 +54,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: The API's paths (keys) and the proxy's (its bearer may be the client's own key).
+API_PREFIX, PROXY_PATH = "/v1/", "/v1/chat/completions"
 #: The audit page's own HTML forms: urlencoded, same-origin only.
 FORM_PATHS = frozenset({"/audit/sign-in", "/audit/sign-out"})
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
@@ -78,6 +90,23 @@ class Guard:
         self.local = settings.local_only
         self.named = frozenset(h.lower() for h in settings.allowed_hosts)
         self.hosts = LOOPBACK_HOSTS | self.named
+        self.client_bearer = settings.pass_client_key
+
+    async def unauthorized(self, scope: Scope) -> Callable[..., Awaitable[None]] | None:
+        """The 401 (or the key store's failure) for a request without a valid key, as the
+        route's dependency answers it; None when the key is good or none is needed. The
+        route checks the key again (a cached look-up) and resolves the tenant."""
+        request = Request(scope)
+        ours = not (self.client_bearer and scope["path"] == PROXY_PATH)
+        try:
+            await tenant_for(request, bearer_is_ours=ours)
+        except (Problem, ContextLedgerError) as exc:
+            handler = problems.handler_for(exc)
+            if handler is None:
+                raise
+            response: Callable[..., Awaitable[None]] = await handler(request, exc)
+            return response
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -107,6 +136,12 @@ class Guard:
                 if not message.get("more_body", False):
                     break
             receive = replay(pending, receive)
+        # the key after the size (413 first, as the issue asks) and before the route parses
+        if scope["method"] in STATE_CHANGING and scope["path"].startswith(API_PREFIX):
+            unauthorized = await self.unauthorized(scope)
+            if unauthorized is not None:
+                await unauthorized(scope, receive, send)
+                return
         seen = 0
 
         async def capped() -> Message:
