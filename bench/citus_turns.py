@@ -28,10 +28,10 @@ from contextledger import Ledger, Session
 
 try:
     from bench.results import write as write_results
-    from bench.turns import CONFIGS, MODEL, analyze_due, messages
+    from bench.turns import CONFIGS, MODEL, analyze_due, configs, messages
 except ImportError:  # run as a script: bench/ itself is sys.path[0]
     from results import write as write_results  # type: ignore[no-redef]
-    from turns import CONFIGS, MODEL, analyze_due, messages  # type: ignore[no-redef]
+    from turns import CONFIGS, MODEL, analyze_due, configs, messages  # type: ignore[no-redef]
 
 SIDES = ("one", "citus")
 
@@ -125,10 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", help="e.g. the Citus version, jit-on")
     args = parser.parse_args(argv)
     args.lengths = sorted(int(x) for x in args.lengths.split(","))
-    args.configs = [c.strip() for c in args.configs.split(",")]
-    for c in args.configs:
-        if c not in CONFIGS:
-            parser.error(f"unknown config {c!r}; one of {', '.join(CONFIGS)}")
+    args.configs = configs(parser, args.configs)
     asyncio.run(main_async(args))
     return 0
 

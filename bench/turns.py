@@ -523,12 +523,18 @@ def main(argv: list[str] | None = None) -> int:
     lengths = args.lengths or ("100,1000,2000" if args.quick else "100,1000,5000,20000")
     args.lengths = sorted(int(x) for x in lengths.split(","))
     args.stores = [s.strip() for s in args.stores.split(",")]
-    args.configs = [c.strip() for c in args.configs.split(",")]
-    for c in args.configs:
-        if c not in CONFIGS:
-            parser.error(f"unknown config {c!r}; one of {', '.join(CONFIGS)}")
+    args.configs = configs(parser, args.configs)
     asyncio.run(main_async(args))
     return 0
+
+
+def configs(parser: argparse.ArgumentParser, given: str) -> list[str]:
+    """``--configs a,b``: the names, each one of ``CONFIGS`` (else a usage error)."""
+    names = [c.strip() for c in given.split(",")]
+    for c in names:
+        if c not in CONFIGS:
+            parser.error(f"unknown config {c!r}; one of {', '.join(CONFIGS)}")
+    return names
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ class Running:
     server: uvicorn.Server
 
 
-@asynccontextmanager
-async def running_service(settings: Settings) -> AsyncIterator[Running]:
+def _server(settings: Settings) -> tuple[FastAPI, uvicorn.Server]:
+    """The service's app on a uvicorn server on a free loopback port, not started."""
     app = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -51,7 +51,12 @@ async def running_service(settings: Settings) -> AsyncIterator[Running]:
         lifespan="on",
         http=OneWriteHttp,  # as ``contextledger serve`` runs it
     )
-    server = uvicorn.Server(config)
+    return app, uvicorn.Server(config)
+
+
+@asynccontextmanager
+async def running_service(settings: Settings) -> AsyncIterator[Running]:
+    app, server = _server(settings)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
@@ -79,17 +84,7 @@ async def new_key(dsn: str, tenant: str) -> str:
 @contextmanager
 def service_in_thread(settings: Settings) -> Iterator[str]:
     """The service on its own thread and loop, for synchronous clients (schemathesis)."""
-    app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=0,
-        log_config=None,
-        access_log=False,
-        lifespan="on",
-        http=OneWriteHttp,  # as ``contextledger serve`` runs it
-    )
-    server = uvicorn.Server(config)
+    _, server = _server(settings)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
