@@ -735,7 +735,11 @@ async def test_a_postings_length_is_the_message_in_tokens_and_0015_sets_the_old_
 async def test_the_search_reads_each_match_by_its_key(pg_dsn: str) -> None:
     """The matches' messages are read by primary key, the seq an index condition: as a
     join the generic plan scanned all the session's events for each match (44 of a 45 ms
-    search on bench/recall.py)."""
+    search on bench/recall.py). Both searches: the warm path's read of the matches, and
+    the one statement (Citus, other text configurations) with the same query."""
+    from contextledger.store.base import SearchQuery
+    from contextledger.store.postgres.search import search_statement
+
     captured: list[tuple[str, list[Any]]] = []
     async with scratch_database() as dsn:
         async with Ledger.open(dsn, migrate=True) as ledger:
@@ -751,17 +755,24 @@ async def test_the_search_reads_each_match_by_its_key(pg_dsn: str) -> None:
             store._run_search = spy  # type: ignore[method-assign]
             request = await session.get_messages_for_request(token_budget=2000)
             assert any("18443" in b for b in recall_blocks(request))
-        ((text, args),) = captured
+            head = (await store.session_info("r")).head
+        ((read, read_args),) = [c for c in captured if "e.seq = ANY" in c[0]]
+        query = SearchQuery("r", "notifier port?", (), head, None, 10, "english")
+        one, one_args = search_statement(query, None)
         conn = await asyncpg.connect(
             asyncpg_dsn(dsn), server_settings={"plan_cache_mode": "force_generic_plan"}
         )
         try:
-            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + text, *args))
+            plans = [
+                "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + text, *args))
+                for text, args in ((read, read_args), (one, one_args))
+            ]
         finally:
             await conn.close()
-    lines = plan.splitlines()
-    assert any("Index Cond" in line and "(seq = top.seq)" in line for line in lines), plan
-    assert not any("Filter" in line and "top.seq" in line for line in lines), plan
+    read_plan, one_plan = (p.splitlines() for p in plans)
+    assert any("Index Cond" in line and "(seq = ANY" in line for line in read_plan), plans[0]
+    assert any("Index Cond" in line and "(seq = top.seq)" in line for line in one_plan), plans[1]
+    assert not any("Filter" in line and "top.seq" in line for line in one_plan), plans[1]
 
 
 async def test_a_purge_removes_the_vectors(pg_ledger: Ledger, pg_dsn: str) -> None:

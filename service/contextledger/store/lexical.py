@@ -10,6 +10,7 @@ stemming). Ties break by seq, newest first, so the same postings always rank the
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Collection, Mapping, Sequence
 from functools import lru_cache
@@ -131,18 +132,21 @@ def rank(
             lengths.extend(dl for _, _, dl in rows)
     if not lengths:
         return []
-    avgdl = sum(lengths) / len(lengths)
+    avgdl = max(sum(lengths) / len(lengths), 1.0)
+    k1p1, free = K1 + 1, 1 - B  # (the same operations as written out in full)
     scores: dict[int, float] = {}
+    get = scores.get
     for lexeme, rows in postings.items():
         w = weights.get(lexeme, 0.0)
         for seq, tf, dl in rows:
-            part = w * tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl / max(avgdl, 1.0)))
-            scores[seq] = scores.get(seq, 0.0) + part
-    ranked = sorted(
-        ((seq, score * (1 + RECENCY * seq / max(top, 1))) for seq, score in scores.items()),
+            scores[seq] = get(seq, 0.0) + w * tf * k1p1 / (tf + K1 * (free + B * dl / avgdl))
+    newer = RECENCY / max(top, 1)
+    best = heapq.nsmallest(
+        limit,
+        ((seq, score * (1 + newer * seq)) for seq, score in scores.items()),
         key=lambda p: (-p[1], -p[0]),
     )
-    return [(seq, score) for seq, score in ranked[:limit] if score > 0]
+    return [(seq, score) for seq, score in best if score > 0]
 
 
 @lru_cache(maxsize=8)

@@ -7,8 +7,7 @@ degrades to memory behaves the same; it just does not survive the process.
 from __future__ import annotations
 
 import copy
-from bisect import bisect_right
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -54,6 +53,7 @@ from contextledger.store.base import (
     Store,
     created_info,
 )
+from contextledger.store.postings import Branch, Postings
 from contextledger.store.sealing import KeyRing, Sealer
 
 if TYPE_CHECKING:
@@ -61,15 +61,12 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _Postings:
-    """Lexemes of a session's messages and, per lexeme, the seqs holding it (ascending)."""
+class _Index:
+    """Recall's index of a session for one text configuration (``postings.Postings``),
+    with the lexer that fills it."""
 
     text_config: str
-    upto: int = 0
-    #: per seq: each lexeme's count in the message, and their sum (the message's ``dl``)
-    counts: dict[int, dict[str, int]] = field(default_factory=dict)
-    lengths: dict[int, int] = field(default_factory=dict)
-    postings: dict[str, list[int]] = field(default_factory=dict)
+    postings: Postings = field(default_factory=Postings)
     _lexer: Lexer | None = field(default=None, repr=False, compare=False)
 
     def lex(self, text: str) -> list[str]:
@@ -84,21 +81,7 @@ class _Postings:
         counts: dict[str, int] = {}
         for term in self.lex(text):
             counts[term] = counts.get(term, 0) + 1
-        self.counts[seq] = counts
-        self.lengths[seq] = min(sum(counts.values()), 32767)
-        for term in counts:
-            self.postings.setdefault(term, []).append(seq)
-
-    def newest(self, term: str, upto_seq: int, keep: Callable[[int], bool], n: int) -> list[int]:
-        """The newest ``n`` seqs up to ``upto_seq`` holding ``term`` that ``keep`` accepts."""
-        seqs = self.postings.get(term, [])
-        out: list[int] = []
-        for i in range(bisect_right(seqs, upto_seq) - 1, -1, -1):
-            if keep(seqs[i]):
-                out.append(seqs[i])
-                if len(out) == n:
-                    break
-        return out
+        self.postings.add(seq, counts, min(sum(counts.values()), 32767))
 
 
 @dataclass
@@ -114,7 +97,7 @@ class _Stream:
     stale: bool = False  # the lists grew since ``state`` was built
     #: recall's index per text configuration, and the branch's message seqs (kept in step
     #: with ``branch`` as it grows; rebuilt when a cold-path event replaces the list)
-    search: dict[str, _Postings] = field(default_factory=dict)
+    search: dict[str, _Index] = field(default_factory=dict)
     branch_seqs: set[int] = field(default_factory=set)
     _branch_of: list[ViewItem] | None = None
     _branch_seen: int = 0
@@ -129,16 +112,17 @@ class _Stream:
         self._branch_seen = len(self.branch)
         return self.branch_seqs
 
-    def indexed(self, text_config: str, upto_seq: int) -> _Postings:
+    def indexed(self, text_config: str, upto_seq: int) -> _Index:
         """Recall's index for ``text_config``, extended to the events up to ``upto_seq``
         (each message tokenized once, when a search first needs it)."""
         index = self.search.get(text_config)
         if index is None:
-            index = self.search[text_config] = _Postings(text_config)
-        for event in self.events[index.upto : max(index.upto, upto_seq)]:
+            index = self.search[text_config] = _Index(text_config)
+        held = index.postings
+        for event in self.events[held.upto : max(held.upto, upto_seq)]:
             if isinstance(event.payload, MessageAppended):
                 index.add(event.seq, message_text(event.payload.message))
-            index.upto = event.seq
+            held.upto = event.seq
         return index
 
     def current(self) -> ViewState:
@@ -218,7 +202,7 @@ class MemoryStore(Store):
         removed = {
             "view": len(stream.view),
             "branch": len(stream.branch),
-            "postings": sum(len(p.counts) for p in stream.search.values()),
+            "postings": sum(p.postings.size for p in stream.search.values()),
             "embeddings": 0,
         }
         now = datetime.now(UTC)
@@ -524,44 +508,21 @@ class MemoryStore(Store):
         return set(branch) if branch is not None else stream.on_branch()
 
     async def matches(self, q: SearchQuery) -> list[tuple[int, float]]:
-        """PostgreSQL's search, the same rules (``lexical``): each query lexeme's newest
-        ``PER_TERM`` postings below what the request carries, BM25."""
-        from contextledger.store import lexical
+        """PostgreSQL's search, the same rules and code (``postings.search``)."""
+        from contextledger.store.postings import search
 
         stream = self._get(q.session_id)
         index = stream.indexed(q.text_config, q.upto_seq)
-        allowed, skip = self._allowed(stream, q.branch), set(q.exclude)
-        top = lexical.read_from(q.upto_seq, skip)
-
-        def keep(seq: int) -> bool:
-            return seq in allowed and seq not in skip
-
-        def ranked(terms: list[str], n: int, *, specific: bool = False) -> list[tuple[int, float]]:
-            postings: dict[str, list[tuple[int, int, int]]] = {}
-
-            def read(term: str, n: int) -> list[tuple[int, int, int]]:
-                seqs = index.newest(term, top, keep, n)
-                return [(at, index.counts[at][term], index.lengths[at]) for at in seqs]
-
-            for term in terms:
-                rows = read(term, lexical.PER_TERM)
-                if rows and not (specific and len(rows) >= lexical.PER_TERM):
-                    postings[term] = rows
-            if not specific:
-                for term in lexical.deep_terms(postings, top):
-                    postings[term] = read(term, lexical.DEEP_LIMIT)
-            return lexical.rank(postings, top=top, total=q.upto_seq, limit=n)
-
-        terms = lexical.query_lexemes(index.lex(q.query))
-        found = ranked(terms, q.limit)
-        if not q.hop or not found:
-            return found
-        # the second hop finds other messages than the matches and their neighbours
-        skip.update(seq for seq, _ in found)
-        skip.update(seq + d for seq, _ in found[: lexical.HOP_FROM] for d in (-1, 1))
-        again = lexical.hop_lexemes([index.counts[seq] for seq, _ in found], set(terms))
-        hopped = ranked(again, lexical.HOP_LIMIT, specific=True)
-        return found + [(seq, -score) for seq, score in hopped]
+        allowed = self._allowed(stream, q.branch)
+        return search(
+            index.postings,
+            index.lex(q.query),
+            upto_seq=q.upto_seq,
+            exclude=q.exclude,
+            on_branch=Branch.of(allowed, q.upto_seq),
+            limit=q.limit,
+            hop=q.hop,
+        )
 
     async def recall_messages(
         self,

@@ -38,6 +38,12 @@ from contextledger.store.postgres.forks import Lineages
 from contextledger.store.postgres.placeholders import bind
 from contextledger.store.postgres.statements import _BRANCH_BASE, S
 from contextledger.store.postgres.tips import _ClosedGate
+from contextledger.store.postgres.warm import (
+    RECALL_MESSAGES,
+    gate_open,
+    ranked,
+    sync_sql,
+)
 
 #: The text search configuration recall's stored vectors are built with (``event_search``).
 INDEX_TEXT_CONFIG = "english"
@@ -494,6 +500,77 @@ class Search(Lineages):
             # of a later head elsewhere (a view reloaded after another process's rollback)
             # searches.
             return []
+        if self.citus is None and q.text_config == INDEX_TEXT_CONFIG:
+            rows: list[Any] = await self._warm_search(q, gaps)
+        else:
+            rows = await self._sql_search(q, gaps)
+        if branch is None:
+            self._closed.pop(session_id, None)
+            tip = self._heads.get(session_id)
+            closed_now = any(r[0] == CLOSED for r in rows)
+            # remembered only if nothing was appended here while it ran (the gate must
+            # follow the chain from the state the search saw)
+            if (
+                gaps is not None
+                and closed_now
+                and tip is not None
+                and tip == start
+                and tip[0] == top
+            ):
+                if len(self._closed) >= MAX_REMEMBERED:
+                    del self._closed[next(iter(self._closed))]
+                self._closed[session_id] = _ClosedGate(upto_seq, frozenset(gaps), tip)
+        return [r for r in rows if r[0] != CLOSED]
+
+    async def _warm_search(self, q: SearchQuery, gaps: list[int] | None) -> list[Any]:
+        """The search on the postings this process holds (``warm.py``): one statement
+        catches them up, they are ranked here, one more reads the matches' messages.
+        Rows as ``_sql_search``'s."""
+        live = q.branch is None
+        stored_sql = sync_sql(vector=SEARCH_VECTOR, postings=POSTINGS, store=True)
+
+        async def fetch(text: str, values: dict[str, Any]) -> list[asyncpg.Record]:
+            statement, args = bind(text, values, q.session_id)
+            try:
+                return await self._run_search(statement, args, live=live)
+            except asyncpg.ReadOnlySQLTransactionError:  # a standby: the same, unstored
+                if text != stored_sql:
+                    raise
+                unstored = sync_sql(vector=SEARCH_VECTOR, postings=POSTINGS, store=False)
+                statement, args = bind(unstored, values, q.session_id)
+                return await self._run_search(statement, args, live=live)
+
+        synced = await self._warm.sync(
+            q.session_id, q.query, INDEX_TEXT_CONFIG, fetch, lambda store: stored_sql
+        )
+        if synced is None:
+            return []
+        if not gate_open(synced, gaps, q.branch):
+            return [(CLOSED, 0.0, None, None, None)]
+        found, near = ranked(
+            synced,
+            upto_seq=q.upto_seq,
+            exclude=q.exclude,
+            branch=q.branch,
+            limit=q.limit,
+            hop=q.hop,
+        )
+        if not found:
+            return []
+        values: dict[str, Any] = {"seqs": sorted({s for s, _ in found} | set(near))}
+        values["upto"] = q.upto_seq
+        if q.branch is None:
+            text = RECALL_MESSAGES.format(branch=_ON_BRANCH)
+        else:
+            text = RECALL_MESSAGES.format(branch=_ON_GIVEN_BRANCH)
+            values["branch"] = seq_ranges(q.branch)
+        read = {r[0]: r for r in await fetch(text, values)}
+        rows = [(s, score, *read[s][1:]) for s, score in found if s in read]
+        return rows + [(s, 0.0, *read[s][1:]) for s in near if s in read]
+
+    async def _sql_search(self, q: SearchQuery, gaps: list[int] | None) -> list[Any]:
+        """The search as one statement (``_SEARCH``; on Citus, ``SEARCH_CALL``)."""
+        branch = q.branch
         text, args = search_statement(q, gaps)
 
         def sql(store: bool) -> str:  # a standby's statement stores nothing
@@ -519,24 +596,7 @@ class Search(Lineages):
                     f"recall.text_search_config: {exc}", field="recall.text_search_config"
                 ) from None
 
-        rows = await attempt()
-        if branch is None:
-            self._closed.pop(session_id, None)
-            tip = self._heads.get(session_id)
-            closed_now = any(r[0] == CLOSED for r in rows)
-            # remembered only if nothing was appended here while it ran (the gate must
-            # follow the chain from the state the search saw)
-            if (
-                gaps is not None
-                and closed_now
-                and tip is not None
-                and tip == start
-                and tip[0] == top
-            ):
-                if len(self._closed) >= MAX_REMEMBERED:
-                    del self._closed[next(iter(self._closed))]
-                self._closed[session_id] = _ClosedGate(upto_seq, frozenset(gaps), tip)
-        return [r for r in rows if r[0] != CLOSED]
+        return await attempt()
 
     async def _run_search(
         self, text: str, args: Sequence[Any], *, live: bool

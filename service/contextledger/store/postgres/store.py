@@ -64,6 +64,7 @@ from contextledger.store.postgres.statements import (
 )
 from contextledger.store.postgres.tips import _ClosedGate
 from contextledger.store.postgres.vectors import Vectors
+from contextledger.store.postgres.warm import WarmIndexes
 from contextledger.store.scoped import TENANT_SETTING, TenantConnection, scoped
 from contextledger.store.sealing import KEK_ENV, KeyRing, Sealer
 
@@ -105,6 +106,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         #: Each session's sealer (None: written in clear), as appends last used it.
         self._sealers: dict[str, Sealer | None] = {}
         self._search_pool = search_pool  # live searches (``_SEARCH_CONNECTION``), if any
+        self._warm = WarmIndexes()  # sessions' postings held here (``warm.py``)
         self._search_refused_at: float | None = None  # when the server last refused it one
         self._dsn = dsn
         self._heads: dict[str, tuple[int, str]] = {}  # bounded: _remember_head

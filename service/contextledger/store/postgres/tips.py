@@ -16,6 +16,7 @@ from contextledger.errors import KeyUnavailable
 from contextledger.store.lineage import Lineage
 from contextledger.store.postgres.connections import Connections
 from contextledger.store.postgres.statements import S, _erased
+from contextledger.store.postgres.warm import WarmIndexes
 from contextledger.store.sealing import KEK_ENV, KEK_FILE_ENV, KeyRing, Sealer
 
 #: Chain tips remembered (``_remember_head``): ~200 bytes each.
@@ -36,6 +37,7 @@ class ChainTips(Connections):
     _heads: dict[str, tuple[int, str]]
     _locks: weakref.WeakValueDictionary[str, asyncio.Lock]
     _closed: dict[str, _ClosedGate]
+    _warm: WarmIndexes
     #: KEKs that wrap new sessions' data keys, the tenant that binds them, and each
     #: session's sealer as appends last used it (None: written in clear)
     _keyring: KeyRing | None
@@ -80,7 +82,8 @@ class ChainTips(Connections):
     # -- sealing and erasure (store/sealing.py, migration 0013) -----------------------
 
     def _forget(self, session_id: str) -> None:
-        """Drop what this store keeps of a session (head, gate, data key)."""
+        """Drop what this store keeps of a session (head, gate, data key, postings)."""
+        self._warm.forget(session_id)
         self._heads.pop(session_id, None)
         self._closed.pop(session_id, None)
         self._sealers.pop(session_id, None)

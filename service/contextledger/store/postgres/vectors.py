@@ -16,6 +16,7 @@ from contextledger.store.postgres.forks import Lineages
 from contextledger.store.postgres.placeholders import bind
 from contextledger.store.postgres.search import _ON_BRANCH, _ON_GIVEN_BRANCH, seq_ranges
 from contextledger.store.postgres.statements import S, _opened
+from contextledger.store.postgres.warm import RECALL_MESSAGES
 
 log = structlog.get_logger(__name__)
 
@@ -51,10 +52,6 @@ SELECT e.seq, x.embedding <=> q.embedding AS distance
  WHERE x.session_id = $1 AND x.model = $model AND x.available_from <= $upto
    AND NOT (SELECT $exclude::text::int8multirange) @> x.seq AND {{branch}}
  ORDER BY distance, e.seq DESC LIMIT $limit"""
-RECALL_MESSAGES = f"""
-SELECT e.seq, (e.data -> 'message')::text, e.tokens, e.created_at FROM {S}.events e
- WHERE e.session_id = $1 AND e.seq = ANY($seqs::bigint[]) AND {{branch}}
- ORDER BY e.seq"""
 
 
 class Vectors(Lineages):

@@ -1,0 +1,224 @@
+"""Recall's postings held by the process that searches a session (the search's warm path).
+
+The one-statement search (``search.py``) scored BM25 in SQL over every posting it read:
+~8 ms a request at 1,000 turns and growing with the deep read (12.9 ms at 5,000). Here
+the statement only catches the postings up (the new messages' vectors, stored as before)
+and returns them with the query's lexemes; the process keeps each session's postings
+(``postings.Postings``) and ranks them with ``memory://``'s code (``postings.search``), then
+reads the matches' messages by key. A session's first search in a process loads its
+stored postings once (O(history), one statement); after that a search reads only what
+was appended since, whoever appended it.
+
+Live searches and replays take this path alike, so ``request_at`` rebuilds the block the
+live request made. Citus and other text search configurations keep the SQL search.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from contextledger.store.lexical import neighbours
+from contextledger.store.postgres.statements import S
+from contextledger.store.postings import Branch, Postings, search
+
+#: Postings the warm indexes of one store hold at most, all sessions together (~20 bytes
+#: each: ~40 MB; a 20,000-turn session of bench/turns.py's text holds ~1.8 million): the
+#: least recently searched sessions are dropped first (their next search loads them).
+WARM_BUDGET = 2_000_000
+#: A session's catch-up is read from here when its postings are not held yet.
+_COLD = 2**62
+
+#: The search's catch-up (``search._CATCH_UP``), from the seq the process holds postings up
+#: to ($from) or the server's indexed one, whichever is lower: what another process
+#: indexed since this one last looked is computed again (its messages' vectors, by key).
+_SYNC_HEAD = """
+WITH indexed AS MATERIALIZED (
+    SELECT coalesce((SELECT x.seq FROM {S}.event_terms x
+                      WHERE x.session_id = $1 AND x.lexeme = ''
+                        AND x.tenant_id = {S}.current_tenant()
+                      ORDER BY x.seq DESC LIMIT 1), 0) AS upto
+), facts AS MATERIALIZED (
+    SELECT h.head, h.branch_base, (SELECT upto FROM indexed) AS indexed,
+           (SELECT g.hash FROM {S}.events g
+             WHERE g.session_id = $1 AND g.seq = 1 AND g.tenant_id = {S}.current_tenant())
+           AS genesis
+      FROM {S}.sessions h WHERE h.session_id = $1 AND h.tenant_id = {S}.current_tenant()
+), fresh_vectors AS MATERIALIZED (  -- each by its key
+    SELECT e.session_id, e.seq, e.tenant_id, {VECTOR} AS v
+      FROM generate_series(least($from::bigint, (SELECT upto FROM indexed)) + 1,
+                           (SELECT head FROM facts)) g(seq)
+     CROSS JOIN LATERAL (
+        SELECT * FROM {S}.events x
+         WHERE x.session_id = $1 AND x.seq = g.seq AND x.tenant_id = {S}.current_tenant()
+        OFFSET 0) e
+     WHERE e.type = 'message.appended'
+), fresh AS MATERIALIZED ({POSTINGS}
+),"""
+_STORE = """ stored AS (
+    INSERT INTO {S}.event_terms (session_id, lexeme, seq, tenant_id, tf, dl)
+    SELECT session_id, lexeme, seq, tenant_id, tf, dl FROM fresh
+     WHERE seq > (SELECT upto FROM indexed) ON CONFLICT DO NOTHING
+),"""
+_SYNC_TAIL = """ q AS (
+    SELECT l FROM unnest(tsvector_to_array(to_tsvector($config::regconfig, $query))) l
+)
+SELECT 0 AS kind, lexeme, seq, tf::int, dl::int, NULL::text AS genesis FROM fresh
+UNION ALL SELECT 1, l, 0, 0, 0, NULL FROM q
+UNION ALL SELECT 2, NULL, head, 0, 0, genesis FROM facts
+UNION ALL SELECT 3, NULL, branch_base, 0, 0, NULL FROM facts
+UNION ALL SELECT 4, NULL, indexed, 0, 0, NULL FROM facts"""
+#: A session's stored postings up to the indexed seq, for its first search here: in the
+#: key's order, each lexeme's seqs ascending as ``Postings.extend`` takes them (by seq, the
+#: server sorted them first: a third of the statement, spilled to disk at 1,700 turns).
+LOAD = f"""
+SELECT lexeme, seq, tf::int, dl::int FROM {S}.event_terms
+ WHERE session_id = $1 AND tenant_id = {S}.current_tenant() AND seq <= $upto
+ ORDER BY lexeme, seq"""
+#: Messages of the branch by seq (``{branch}``: the live branch's or a replay's predicate).
+RECALL_MESSAGES = f"""
+SELECT e.seq, (e.data -> 'message')::text, e.tokens, e.created_at FROM {S}.events e
+ WHERE e.session_id = $1 AND e.seq = ANY($seqs::bigint[]) AND {{branch}}
+ ORDER BY e.seq"""
+#: The messages of the branch below its base (after a rollback; ``_BRANCH_SEQS``).
+BRANCH_BELOW = f"""
+SELECT seq FROM {S}.branch_items
+ WHERE session_id = $1 AND part = 0 AND tenant_id = {S}.current_tenant()"""
+
+
+def sync_sql(*, vector: str, postings: str, store: bool) -> str:
+    """The catch-up statement (``store=False`` on a read-only server: nothing stored)."""
+    head = _SYNC_HEAD.format(S=S, VECTOR=vector, POSTINGS=postings.format(src="fresh_vectors"))
+    return head + (_STORE.format(S=S) if store else "") + _SYNC_TAIL
+
+
+@dataclass
+class _Warm:
+    """One session's postings here, and what they were read with."""
+
+    postings: Postings = field(default_factory=Postings)
+    genesis: str | None = None
+    #: the session's branch base when last read, and the branch's seqs below it
+    base: int = 0
+    below: frozenset[int] = frozenset()
+    size: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass(frozen=True, slots=True)
+class Synced:
+    """A search's catch-up: the query's lexemes and the session's branch (None: all)."""
+
+    postings: Postings
+    lexemes: list[str]
+    on_branch: Branch | None
+
+
+Fetch = Callable[[str, dict[str, Any]], Any]
+
+
+class WarmIndexes:
+    """The warm indexes of one store (least recently searched first)."""
+
+    def __init__(self, budget: int = WARM_BUDGET) -> None:
+        self._held: OrderedDict[str, _Warm] = OrderedDict()
+        self._budget = budget
+
+    def forget(self, session_id: str) -> None:
+        """Drop a session's postings (purged, erased: its next search loads afresh)."""
+        self._held.pop(session_id, None)
+
+    async def sync(
+        self, session_id: str, query: str, config: str, fetch: Fetch, sql: Callable[[bool], str]
+    ) -> Synced | None:
+        """The session's postings caught up with the ledger (``fetch`` runs a statement
+        by its named values; ``sql(store)`` is the catch-up's text). None: no session."""
+        warm = self._held.get(session_id)
+        if warm is None:
+            warm = self._held[session_id] = _Warm()
+        self._held.move_to_end(session_id)
+        async with warm.lock:
+            held = warm.postings
+            start = held.upto if warm.genesis is not None else _COLD
+            rows = await fetch(sql(True), {"from": start, "query": query, "config": config})
+            fresh: list[tuple[str, int, int, int]] = []
+            lexemes: list[str] = []
+            head = base = indexed = None
+            genesis: str | None = None
+            for kind, lexeme, seq, tf, dl, gen in rows:
+                if kind == 0:
+                    fresh.append((lexeme, seq, tf, dl))
+                elif kind == 1:
+                    lexemes.append(lexeme)
+                elif kind == 2:
+                    head, genesis = seq, gen
+                elif kind == 3:
+                    base = seq
+                else:
+                    indexed = seq
+            if head is None or genesis is None or base is None or indexed is None:
+                self.forget(session_id)
+                return None
+            if warm.genesis is not None and (warm.genesis != genesis or head < held.upto):
+                # another chain under the same id (purged and created again): start over
+                self.forget(session_id)
+                return await self.sync(session_id, query, config, fetch, sql)
+            if warm.genesis is None:
+                stored = await fetch(LOAD, {"upto": indexed})
+                held.extend((r[0], r[1], r[2], r[3]) for r in stored)
+                warm.genesis = genesis
+            fresh = sorted((r for r in fresh if r[1] > held.upto), key=lambda r: r[1])
+            held.extend(fresh)
+            held.upto = max(held.upto, head)
+            if base != warm.base:
+                below = await fetch(BRANCH_BELOW, {}) if base else []
+                warm.base, warm.below = base, frozenset(r[0] for r in below)
+            warm.size = held.size
+        self._evict(session_id)
+        return Synced(held, lexemes, Branch(warm.base, warm.below) if warm.base else None)
+
+    def _evict(self, keep: str) -> None:
+        total = sum(w.size for w in self._held.values())
+        for session_id in list(self._held):
+            if total <= self._budget:
+                break
+            if session_id != keep:
+                total -= self._held.pop(session_id).size
+
+
+def gate_open(synced: Synced, gaps: Sequence[int] | None, branch: Collection[int] | None) -> bool:
+    """The search's gate (``search._SEARCH``): whether a seq the request leaves out
+    (``gaps``; None: too many to probe, open) is a message of the branch."""
+    if gaps is None:
+        return True
+    held = synced.postings
+    keep = set(branch) if branch is not None else synced.on_branch
+    return any(held.is_message(g) and (keep is None or g in keep) for g in gaps)
+
+
+def ranked(
+    synced: Synced,
+    *,
+    upto_seq: int,
+    exclude: Collection[int],
+    branch: Collection[int] | None,
+    limit: int,
+    hop: bool,
+) -> tuple[list[tuple[int, float]], list[int]]:
+    """The matches (``postings.search``) and the neighbours whose messages come with them."""
+    keep = Branch.of(set(branch), upto_seq) if branch is not None else synced.on_branch
+    found = search(
+        synced.postings,
+        synced.lexemes,
+        upto_seq=upto_seq,
+        exclude=exclude,
+        on_branch=keep,
+        limit=limit,
+        hop=hop,
+    )
+    seqs = {seq for seq, _ in found}
+    near = neighbours([seq for seq, score in found if score > 0], upto_seq, exclude)
+    return found, [n for n in near if n not in seqs]

@@ -1,0 +1,168 @@
+"""Recall's warm path on PostgreSQL (``store/postgres/warm.py``): the postings a process
+holds agree with the ledger whoever appended, and with a process that loads them cold."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contextledger import Ledger
+from contextledger.core.events import MessageAppended
+from contextledger.store.postgres import PostgresStore
+from contextledger.store.postgres.warm import WarmIndexes
+from tests.examples import examples
+from tests.integration.test_recall import FACT, QUESTION, chatter, planted, recall_blocks
+
+ARGS: dict[str, Any] = {"limit": 10, "text_config": "english", "branch": None}
+
+
+async def cold_search(dsn: str, session_id: str, query: str, upto: int, **args: Any) -> Any:
+    """The same search from a store that holds nothing yet (another process)."""
+    async with Ledger.open(dsn) as other:
+        return await other.store.search_messages(
+            session_id, query, exclude=set(), upto_seq=upto, **{**ARGS, **args}
+        )
+
+
+def pg_store(ledger: Ledger) -> PostgresStore:
+    store = ledger.store
+    assert isinstance(store, PostgresStore)
+    return store
+
+
+async def test_another_writers_messages_are_found_and_the_answer_is_a_cold_process_s(
+    pg_dsn: str,
+) -> None:
+    async with Ledger.open(pg_dsn) as here, Ledger.open(pg_dsn) as there:
+        session = await planted(here)
+        assert any(
+            "18443" in b for b in recall_blocks(await session.get_messages_for_request(2000))
+        )
+        assert "r" in pg_store(here)._warm._held  # held here since that search
+        # another process appends a fact, and chatter that pushes it out of the view
+        theirs = await there.session("r")
+        await theirs.add_message({"role": "user", "content": "The orchard-api canary is 18550."})
+        await chatter(theirs, 30, start=100)
+        await theirs.add_message({"role": "user", "content": "Which port has the canary?"})
+        await session.refresh()
+        request = await session.get_messages_for_request(2000)
+        assert any("18550" in b for b in recall_blocks(request))
+        head = (await here.store.session_info("r")).head
+        for query in ("canary port orchard-api", QUESTION):
+            warm = await here.store.search_messages(
+                "r", query, exclude=set(), upto_seq=head, **ARGS
+            )
+            assert warm == await cold_search(pg_dsn, "r", query, head)
+            assert warm[0]
+
+
+async def test_a_session_purged_and_written_again_is_searched_afresh(pg_dsn: str) -> None:
+    async with Ledger.open(pg_dsn) as ledger:
+        await planted(ledger)
+        head = (await ledger.store.session_info("r")).head
+        found, _ = await ledger.store.search_messages(
+            "r", QUESTION, exclude=set(), upto_seq=head, **ARGS
+        )
+        assert found
+        await ledger.store.purge("r", "test")
+        again = await ledger.session("r", config={"token_counter": "chars"})
+        await again.add_message({"role": "user", "content": "the orchard-api moved to 19001"})
+        await chatter(again, 5)
+        head = (await ledger.store.session_info("r")).head
+        warm = await ledger.store.search_messages(
+            "r", QUESTION, exclude=set(), upto_seq=head, **ARGS
+        )
+        assert warm == await cold_search(pg_dsn, "r", QUESTION, head)
+        assert [m.message["content"] for m in warm[1] if "orchard" in m.message["content"]] == [
+            "the orchard-api moved to 19001"
+        ]
+
+
+async def test_the_warm_indexes_keep_to_their_budget(pg_dsn: str) -> None:
+    async with Ledger.open(pg_dsn) as ledger:
+        store = pg_store(ledger)
+        for sid in ("a", "b"):
+            session = await ledger.session(sid, config={"token_counter": "chars"})
+            await session.add_message({"role": "user", "content": f"{sid}: {FACT}"})
+            await chatter(session, 10)
+        store._warm = WarmIndexes(budget=1)  # room for the session being searched only
+        heads = {sid: (await store.session_info(sid)).head for sid in ("a", "b")}
+        first = {}
+        for sid in ("a", "b", "a"):
+            found = await store.search_messages(
+                sid, QUESTION, exclude=set(), upto_seq=heads[sid], **ARGS
+            )
+            assert list(store._warm._held) == [sid]
+            assert first.setdefault(sid, found) == found
+            assert found[0]
+
+
+async def test_a_rollback_by_another_process_leaves_its_messages_out(pg_dsn: str) -> None:
+    """Messages rolled back take no place among the matches (the branch is known here)."""
+    args = {**ARGS, "limit": 2}
+    async with Ledger.open(pg_dsn) as here, Ledger.open(pg_dsn) as there:
+        session = await here.session("rb", config={"token_counter": "chars"})
+        await session.add_message({"role": "user", "content": FACT})
+        await chatter(session, 3)
+        point = (await here.store.session_info("rb")).head
+        for _ in range(3):  # better matches than the fact, soon off the branch
+            await session.add_message({"role": "user", "content": f"{QUESTION} {FACT}"})
+        await chatter(session, 3, start=10)
+        head = (await here.store.session_info("rb")).head
+        found, _ = await here.store.search_messages(
+            "rb", QUESTION, exclude=set(), upto_seq=head, **args
+        )
+        assert [seq for seq, _ in found] == [point + 3, point + 2]
+        await (await there.session("rb")).rollback(point)
+        head = (await here.store.session_info("rb")).head
+        found, read = await here.store.search_messages(
+            "rb", QUESTION, exclude=set(), upto_seq=head, **args
+        )
+        assert found[0][0] == 2  # the fact, on the branch
+        assert not {point + 1, point + 2, point + 3} & {m.seq for m in read}
+        assert (found, read) == await cold_search(pg_dsn, "rb", QUESTION, head, limit=2)
+
+
+WORDS = ["orchard", "gateway", "port", "staging", "canary", "deploy", "vacuum", "cache", "18443"]
+
+
+@settings(
+    max_examples=examples(8),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    texts=st.lists(
+        st.lists(st.sampled_from(WORDS), min_size=0, max_size=6).map(" ".join),
+        min_size=1,
+        max_size=25,
+    ),
+    searches=st.lists(st.integers(min_value=1, max_value=25), max_size=4),
+    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=3).map(" ".join),
+)
+async def test_searched_along_the_way_or_cold_the_answer_is_the_same(
+    pg_dsn: str, texts: list[str], searches: list[int], query: str
+) -> None:
+    """Postings caught up search by search (with searches at earlier seqs, as replays
+    make) rank as those loaded at once; and as ``memory://``'s, which shares the code."""
+    sid = f"p{abs(hash((tuple(texts), tuple(searches), query)))}"
+    async with Ledger.open(pg_dsn) as ledger, Ledger.open("memory://") as memory:
+        for led in (ledger, memory):
+            await led.session(sid, config={"token_counter": "chars"})
+        for n, text in enumerate(texts, start=1):
+            for led in (ledger, memory):
+                payload = MessageAppended({"role": "user", "content": text}, 1, False, "chars")
+                await led.store.append(sid, [payload], created_at=datetime.now(UTC))
+            if n in searches:
+                await ledger.store.search(sid, query, exclude=set(), upto_seq=n + 1, **ARGS)
+        head = len(texts) + 1
+        for upto in sorted({head, *(s + 1 for s in searches if s < len(texts))}):
+            warm = await ledger.store.search_messages(
+                sid, query, exclude=set(), upto_seq=upto, **ARGS
+            )
+            assert warm == await cold_search(pg_dsn, sid, query, upto)
+            mem = await memory.store.search(sid, query, exclude=set(), upto_seq=upto, **ARGS)
+            assert [s for s, _ in warm[0]] == [s for s, _ in mem]

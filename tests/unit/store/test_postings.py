@@ -1,0 +1,136 @@
+"""The postings a process holds and the array search over them (``store/postings.py``),
+held to the rules as ``lexical`` writes them out one posting at a time."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Collection
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contextledger.store import lexical
+from contextledger.store.postings import Branch, Postings, search
+from tests.examples import examples
+
+WORDS = [f"w{i}" for i in range(12)]
+
+
+def reference(
+    index: Postings,
+    lexemes: list[str],
+    *,
+    upto_seq: int,
+    exclude: Collection[int],
+    on_branch: Branch | None,
+    limit: int,
+    hop: bool,
+) -> list[tuple[int, float]]:
+    """The search one posting at a time, with ``lexical.rank`` (as it was written)."""
+    skip = set(exclude)
+    top = lexical.read_from(upto_seq, skip)
+
+    def newest(term: str, n: int) -> list[tuple[int, int, int]]:
+        seqs, tfs = index.seqs.get(term, []), index.tfs.get(term, [])
+        out = []
+        for i in range(bisect_right(seqs, top) - 1, -1, -1):
+            seq = seqs[i]
+            if seq in skip or (on_branch is not None and seq not in on_branch):
+                continue
+            out.append((seq, tfs[i], index.dls[seq]))
+            if len(out) == n:
+                break
+        return out
+
+    def ranked(terms: list[str], n: int, specific: bool = False) -> list[tuple[int, float]]:
+        postings = {}
+        for term in terms:
+            rows = newest(term, lexical.PER_TERM)
+            if rows and not (specific and len(rows) >= lexical.PER_TERM):
+                postings[term] = rows
+        if not specific:
+            for term in lexical.deep_terms(postings, top):
+                postings[term] = newest(term, lexical.DEEP_LIMIT)
+        return lexical.rank(postings, top=top, total=upto_seq, limit=n)
+
+    terms = lexical.query_lexemes(lexemes)
+    found = ranked(terms, limit)
+    if not hop or not found:
+        return found
+    skip.update(seq for seq, _ in found)
+    skip.update(seq + d for seq, _ in found[: lexical.HOP_FROM] for d in (-1, 1))
+    again = lexical.hop_lexemes([index.lexemes.get(s, ()) for s, _ in found], set(terms))
+    return found + [(s, -x) for s, x in ranked(again, lexical.HOP_LIMIT, specific=True)]
+
+
+docs = st.lists(
+    st.one_of(st.none(), st.lists(st.sampled_from(WORDS), max_size=8)), min_size=1, max_size=120
+)
+
+
+def built(messages: list[list[str] | None], *, bulk: bool) -> Postings:
+    """``messages`` (None: an event that is no message) at seqs 1.., added one by one or,
+    as PostgreSQL loads them, as stored rows by lexeme."""
+    index = Postings()
+    rows = []
+    for seq, words in enumerate(messages, start=1):
+        if words is None:
+            continue
+        counts = {w: words.count(w) for w in dict.fromkeys(words)}
+        if bulk:
+            rows.append(("", seq, 0, len(words)))
+            rows.extend((w, seq, c, len(words)) for w, c in counts.items())
+        else:
+            index.add(seq, counts, len(words))
+    if bulk:
+        index.extend(sorted(rows))
+    return index
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    messages=docs,
+    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+    carried=st.sets(st.integers(min_value=1, max_value=130), max_size=40),
+    rolled=st.one_of(st.none(), st.sets(st.integers(min_value=1, max_value=130))),
+    limit=st.integers(min_value=1, max_value=20),
+    hop=st.booleans(),
+    cut=st.integers(min_value=0, max_value=20),
+)
+def test_the_array_search_is_the_rules_posting_by_posting(
+    messages: list[list[str] | None],
+    query: list[str],
+    carried: set[int],
+    rolled: set[int] | None,
+    limit: int,
+    hop: bool,
+    cut: int,
+) -> None:
+    """Same seqs, same floats (not approximately: a replay must rebuild the same block),
+    whether the postings were added one by one or loaded as rows."""
+    upto = max(1, len(messages) - cut)
+    branch = None if rolled is None else Branch.of(set(range(1, upto + 1)) - rolled, upto)
+    args = {"upto_seq": upto, "exclude": carried, "on_branch": branch, "limit": limit, "hop": hop}
+    one_by_one = built(messages, bulk=False)
+    expected = reference(one_by_one, query, **args)  # type: ignore[arg-type]
+    assert search(one_by_one, query, **args) == expected  # type: ignore[arg-type]
+    assert search(built(messages, bulk=True), query, **args) == expected  # type: ignore[arg-type]
+
+
+def test_deep_reads_reach_past_the_newest_postings_of_a_capped_lexeme() -> None:
+    """An old message holding two common lexemes is found below their newest postings."""
+    messages: list[list[str] | None] = [["alpha", "beta"]]
+    messages += [["alpha"] if i % 2 else ["beta"] for i in range(3 * lexical.PER_TERM)]
+    index = built(messages, bulk=False)
+    found = search(
+        index, ["alpha", "beta"], upto_seq=len(messages), exclude=(), on_branch=None,
+        limit=3, hop=False,
+    )  # fmt: skip
+    assert found[0][0] == 1
+    assert index.is_message(1) and not index.is_message(len(messages) + 1)
+    assert index.size == sum(len(w) for w in messages if w) + len(messages)
+
+
+def test_a_branch_keeps_its_seqs_above_the_base_and_those_listed_below() -> None:
+    branch = Branch(10, frozenset({3, 4}))
+    assert [s in branch for s in (3, 5, 10, 11)] == [True, False, False, True]
