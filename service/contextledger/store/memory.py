@@ -512,14 +512,18 @@ class MemoryStore(Store):
         from contextledger.store.postings import search
 
         stream = self._get(q.session_id)
-        index = stream.indexed(q.text_config, q.upto_seq)
+        # every message indexed (what a search reads stops at its own seq): on a branch
+        # that holds them all (no rollback), nothing is checked message by message
+        index = stream.indexed(q.text_config, len(stream.events))
         allowed = self._allowed(stream, q.branch)
+        whole = q.branch is None and len(allowed) == index.postings.messages
+        branch = None if whole else Branch.of(allowed, q.upto_seq)
         return search(
             index.postings,
             index.lex(q.query),
             upto_seq=q.upto_seq,
             exclude=q.exclude,
-            on_branch=Branch.of(allowed, q.upto_seq),
+            on_branch=branch,
             limit=q.limit,
             hop=q.hop,
         )

@@ -63,7 +63,7 @@ class Postings:
     per seq the message's length (-1: no message) and its lexemes (a second hop's
     words). Added in seq order. ~20 bytes a posting (a dict of counts per message: ~50)."""
 
-    __slots__ = ("dls", "lexemes", "messages", "seqs", "tfs", "upto")
+    __slots__ = ("count", "dls", "lexemes", "messages", "seqs", "tfs", "upto")
 
     def __init__(self) -> None:
         #: every message up to this seq has been added (and none after it)
@@ -73,6 +73,8 @@ class Postings:
         self.dls: array[int] = array("h", [-1])
         self.lexemes: dict[int, tuple[str, ...]] = {}
         self.messages = 0
+        #: postings held (counted as they come: summing the arrays is O(vocabulary))
+        self.count = 0
 
     def is_message(self, seq: int) -> bool:
         """Whether ``seq`` is a message held here."""
@@ -88,6 +90,7 @@ class Postings:
         self.dls[seq] = min(length, 32767)
         self.messages += 1
         self.lexemes[seq] = tuple(counts)
+        self.count += len(counts)
         seqs, tfs = self.seqs, self.tfs
         for term, tf in counts.items():
             held = seqs.get(term)
@@ -123,13 +126,14 @@ class Postings:
             held.append(seq)
             tfs[lexeme].append(tf)
             terms.append(lexeme)
+            self.count += 1
         for seq, terms in forward.items():
             self.lexemes[seq] = tuple(terms)
 
     @property
     def size(self) -> int:
         """Postings held (what a process's budget of warm indexes counts)."""
-        return sum(map(len, self.seqs.values())) + self.messages
+        return self.count + self.messages
 
 
 def search(

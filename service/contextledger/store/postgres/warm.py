@@ -78,10 +78,17 @@ LOAD = f"""
 SELECT lexeme, seq, tf::int, dl::int FROM {S}.event_terms
  WHERE session_id = $1 AND tenant_id = {S}.current_tenant() AND seq <= $upto
  ORDER BY lexeme, seq"""
-#: Messages of the branch by seq (``{branch}``: the live branch's or a replay's predicate).
+#: Messages of the branch by seq (``{branch}``: the live branch's or a replay's predicate),
+#: each read by its key: as ``seq = ANY($seqs)`` the generic plan took ``seq <= $upto`` for
+#: the index condition and filtered every event of the session (3.7 ms for 58 rows at
+#: 1,700 turns; 0.3 ms by key).
 RECALL_MESSAGES = f"""
-SELECT e.seq, (e.data -> 'message')::text, e.tokens, e.created_at FROM {S}.events e
- WHERE e.session_id = $1 AND e.seq = ANY($seqs::bigint[]) AND {{branch}}
+SELECT e.seq, (e.data -> 'message')::text, e.tokens, e.created_at
+  FROM unnest($seqs::bigint[]) g(seq) CROSS JOIN LATERAL (
+        SELECT * FROM {S}.events x
+         WHERE x.session_id = $1 AND x.seq = g.seq AND x.tenant_id = {S}.current_tenant()
+        OFFSET 0) e
+ WHERE {{branch}}
  ORDER BY e.seq"""
 #: The messages of the branch below its base (after a rollback; ``_BRANCH_SEQS``).
 BRANCH_BELOW = f"""
