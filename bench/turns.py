@@ -164,10 +164,24 @@ def session_bytes(session: Session) -> int:
     return held_bytes(session, shared)
 
 
+def index_bytes(session: Session) -> int:
+    """Bytes of the session's recall index held by its store in this process (PostgreSQL's
+    warm postings, ``memory://``'s index): what a live session costs beside its object."""
+    store: Any = session._store
+    warm = getattr(store, "_warm", None)
+    if warm is not None:
+        entry = warm._held.get(session.session_id)
+        return held_bytes(entry.postings) if entry is not None else 0
+    stream = getattr(store, "_streams", {}).get(session.session_id)
+    return held_bytes(stream.search) if stream is not None else 0
+
+
 @dataclass
 class Result:
     ms: dict[int, tuple[float, float]] = field(default_factory=dict)  # L -> (median, p95)
     mem: dict[int, int] = field(default_factory=dict)
+    #: the recall index the store holds for the session (``index_bytes``)
+    index: dict[int, int] = field(default_factory=dict)
     fill: list[float] = field(default_factory=list)
     bytes_per_event: float | None = None
     stopped: str = ""
@@ -224,6 +238,7 @@ async def run_session(
             result.ms[n] = (statistics.median(last) * 1000, _pct(last, 0.95) * 1000)
             gc.collect()
             result.mem[n] = session_bytes(session)
+            result.index[n] = index_bytes(session)
             print(f"  {name:<13} {n:>6} turns  {result.ms[n][0]:8.2f} ms", file=sys.stderr)
         if spent > max_seconds and n < longest:
             result.stopped = f"stopped after {n} turns ({spent:.0f} s)"
@@ -302,19 +317,19 @@ def table(
 ) -> str:
     lines = [f"### {store}", ""]
     head = "| ms per turn (median) | " + " | ".join(f"@{n:,}" for n in lengths)
-    head += " | growth | fill min / mean | memory at each length | DB bytes/event |"
+    head += " | growth | fill min / mean | memory at each length | recall index | DB bytes/event |"
     lines.append(head)
-    lines.append("|---|" + "---:|" * (len(lengths) + 4))
+    lines.append("|---|" + "---:|" * (len(lengths) + 5))
     floor_row = "| raw asyncpg floor (2 INSERTs + SELECT last 50) | "
     floor_row += " | ".join(f"{floor[n]:.2f}" if n in floor else "—" for n in lengths)
     first, last = lengths[0], lengths[-1]
     growth = f"{floor[last] / floor[first]:.2f}" if first in floor and last in floor else "—"
-    lines.append(floor_row + f" | {growth} | | | |")
+    lines.append(floor_row + f" | {growth} | | | | |")
     if same:
         row = "| raw floor serving the no-config request's rows (2 INSERTs + SELECT last K) | "
         row += " | ".join(f"{same[n]:.2f}" if n in same else "—" for n in lengths)
         g = f"{same[last] / same[first]:.2f}" if first in same and last in same else "—"
-        lines.append(row + f" | {g} | | | |")
+        lines.append(row + f" | {g} | | | | |")
     for name, r in results.items():
         cells = []
         for n in lengths:
@@ -330,10 +345,14 @@ def table(
         fill = f"{min(r.fill):.2f} / {statistics.mean(r.fill):.2f}" if r.fill else "—"
         done = [n for n in lengths if n in r.mem]
         mem = " → ".join(f"{r.mem[n] / 1024:.0f}" for n in done) + " KiB" if done else "—"
+        held = [n for n in lengths if r.index.get(n)]
+        index = " → ".join(f"{r.index[n] / 2**20:.1f}" for n in held) + " MiB" if held else "—"
         bpe = f"{r.bytes_per_event:.0f}" if r.bytes_per_event else "—"
         extra = f" ({r.stopped})" if r.stopped else ""
         lines.append(
-            f"| {name}{extra} | " + " | ".join(cells) + f" | {g} | {fill} | {mem} | {bpe} |"
+            f"| {name}{extra} | "
+            + " | ".join(cells)
+            + f" | {g} | {fill} | {mem} | {index} | {bpe} |"
         )
     return "\n".join(lines)
 
@@ -451,6 +470,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 name: {
                     "ms_median_p95": r.ms,
                     "memory_bytes": r.mem,
+                    "index_bytes": r.index,
                     "fill_min": min(r.fill) if r.fill else None,
                     "fill_mean": statistics.mean(r.fill) if r.fill else None,
                     "db_bytes_per_event": r.bytes_per_event,

@@ -28,14 +28,23 @@ CANARY = "canary-7d1f: the vault code is 4471"
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    """The process's tracer provider (set once: the API allows one) and its spans."""
-    if not telemetry.active():
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-        trace.set_tracer_provider(provider)
+    """A tracer provider for the test and its spans. The API sets one provider a process;
+    it is taken back after the test (as OpenTelemetry's own test utilities do), or every
+    later test on this worker ran traced: the append lane, for one, steps aside then."""
+    from opentelemetry.util._once import Once
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+    trace.set_tracer_provider(provider)
     EXPORTER.clear()
-    yield EXPORTER
-    EXPORTER.clear()
+    try:
+        yield EXPORTER
+    finally:
+        EXPORTER.clear()
+        trace._TRACER_PROVIDER_SET_ONCE = Once()  # type: ignore[attr-defined]
+        trace._TRACER_PROVIDER = None  # type: ignore[attr-defined]
+        telemetry._tracer = None
+        assert not telemetry.active()
 
 
 def values(span: ReadableSpan) -> str:
