@@ -100,6 +100,24 @@ async def test_the_warm_indexes_keep_to_their_budget(pg_dsn: str) -> None:
             assert found[0]
 
 
+async def test_the_budget_is_the_process_s_across_stores(pg_dsn: str) -> None:
+    """A service opens a store per tenant: their warm indexes share one budget."""
+    async with Ledger.open(pg_dsn) as one, Ledger.open(pg_dsn) as two:
+        for ledger, sid in ((one, "a"), (two, "b")):
+            session = await ledger.session(sid, config={"token_counter": "chars"})
+            await session.add_message({"role": "user", "content": f"{sid}: {FACT}"})
+            await chatter(session, 10)
+            pg_store(ledger)._warm = WarmIndexes(budget=1)
+        heads = {sid: (await one.store.session_info(sid)).head for sid in ("a", "b")}
+        first = await one.store.search("a", QUESTION, exclude=set(), upto_seq=heads["a"], **ARGS)
+        assert list(pg_store(one)._warm._held) == ["a"]
+        await two.store.search("b", QUESTION, exclude=set(), upto_seq=heads["b"], **ARGS)
+        assert list(pg_store(two)._warm._held) == ["b"]
+        assert list(pg_store(one)._warm._held) == []  # the other store's, dropped
+        again = await one.store.search("a", QUESTION, exclude=set(), upto_seq=heads["a"], **ARGS)
+        assert again == first and first
+
+
 async def test_a_rollback_by_another_process_leaves_its_messages_out(pg_dsn: str) -> None:
     """Messages rolled back take no place among the matches (the branch is known here)."""
     args = {**ARGS, "limit": 2}

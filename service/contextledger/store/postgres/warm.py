@@ -16,6 +16,8 @@ live request made. Citus and other text search configurations keep the SQL searc
 from __future__ import annotations
 
 import asyncio
+import itertools
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +27,10 @@ from contextledger.store.lexical import neighbours
 from contextledger.store.postgres.statements import S
 from contextledger.store.postings import Branch, Postings, search
 
-#: Postings the warm indexes of one store hold at most, all sessions together (~20 bytes
-#: each: ~40 MB; a 20,000-turn session of bench/turns.py's text holds ~1.8 million): the
-#: least recently searched sessions are dropped first (their next search loads them).
+#: Postings the warm indexes of a process hold at most, every store's sessions together (a
+#: service opens a store per tenant), ~20 bytes each: ~40 MB; a 20,000-turn session of
+#: bench/turns.py's text holds ~1.8 million. The least recently searched sessions are
+#: dropped first (their next search loads them again).
 WARM_BUDGET = 2_000_000
 #: A session's catch-up is read from here when its postings are not held yet.
 _COLD = 2**62
@@ -112,6 +115,8 @@ class _Warm:
     base: int = 0
     below: frozenset[int] = frozenset()
     size: int = 0
+    #: when it was last searched (a process-wide count)
+    used: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -127,16 +132,34 @@ class Synced:
 Fetch = Callable[[str, dict[str, Any]], Any]
 
 
+class _Process:
+    """Every store's warm indexes in this process, and the postings they hold together."""
+
+    def __init__(self) -> None:
+        self.indexes: weakref.WeakSet[WarmIndexes] = weakref.WeakSet()
+        self.total = 0
+        self.ticks = itertools.count(1)
+
+
+_PROCESS = _Process()
+
+
 class WarmIndexes:
-    """The warm indexes of one store (least recently searched first)."""
+    """The warm indexes of one store; the budget is the process's (``WARM_BUDGET``)."""
 
     def __init__(self, budget: int = WARM_BUDGET) -> None:
         self._held: OrderedDict[str, _Warm] = OrderedDict()
         self._budget = budget
+        _PROCESS.indexes.add(self)
+
+    def __del__(self) -> None:
+        _PROCESS.total -= sum(w.size for w in self._held.values())
 
     def forget(self, session_id: str) -> None:
         """Drop a session's postings (purged, erased: its next search loads afresh)."""
-        self._held.pop(session_id, None)
+        warm = self._held.pop(session_id, None)
+        if warm is not None:
+            _PROCESS.total -= warm.size
 
     async def sync(
         self, session_id: str, query: str, config: str, fetch: Fetch, sql: Callable[[bool], str]
@@ -183,17 +206,27 @@ class WarmIndexes:
             if base != warm.base:
                 below = await fetch(BRANCH_BELOW, {}) if base else []
                 warm.base, warm.below = base, frozenset(r[0] for r in below)
-            warm.size = held.size
-        self._evict(session_id)
+            grown, warm.size = held.size - warm.size, held.size
+        if self._held.get(session_id) is warm:  # (not dropped meanwhile: then uncounted)
+            _PROCESS.total += grown
+            warm.used = next(_PROCESS.ticks)
+            self._evict(warm)
         return Synced(held, lexemes, Branch(warm.base, warm.below) if warm.base else None)
 
-    def _evict(self, keep: str) -> None:
-        total = sum(w.size for w in self._held.values())
-        for session_id in list(self._held):
-            if total <= self._budget:
+    def _evict(self, keep: _Warm) -> None:
+        """The least recently searched sessions of any store dropped, down to the budget."""
+        if _PROCESS.total <= self._budget:
+            return
+        held = [
+            (w.used, sid, index)
+            for index in list(_PROCESS.indexes)
+            for sid, w in index._held.items()
+            if w is not keep
+        ]
+        for _, sid, index in sorted(held, key=lambda h: h[0]):
+            if _PROCESS.total <= self._budget:
                 break
-            if session_id != keep:
-                total -= self._held.pop(session_id).size
+            index.forget(sid)
 
 
 def gate_open(synced: Synced, gaps: Sequence[int] | None, branch: Collection[int] | None) -> bool:
