@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextledger import Ledger
-from contextledger.core.events import MessageAppended
+from contextledger.core.events import MessageAppended, SessionCreated
 from contextledger.store.postgres import PostgresStore
 from contextledger.store.postgres.warm import WarmIndexes
 from tests.examples import examples
@@ -79,6 +79,35 @@ async def test_a_session_purged_and_written_again_is_searched_afresh(pg_dsn: str
         assert [m.message["content"] for m in warm[1] if "orchard" in m.message["content"]] == [
             "the orchard-api moved to 19001"
         ]
+
+
+async def test_a_chain_written_again_from_the_same_first_event_is_searched_afresh(
+    pg_dsn: str,
+) -> None:
+    """Purged by another process, then written again from the same ``session.created``
+    (an import does so): the first event's hash is the old one, the chain after it not."""
+    at = datetime(2026, 1, 2, tzinfo=UTC)
+
+    async def write(ledger: Ledger, texts: list[str]) -> int:
+        await ledger.store.create_session("same", SessionCreated(None, {}, {}), created_at=at)
+        for text in texts:
+            payload = MessageAppended({"role": "user", "content": text}, 1, False, "chars")
+            await ledger.store.append("same", [payload], created_at=at)
+        return len(texts) + 1
+
+    async with Ledger.open(pg_dsn) as ledger, Ledger.open(pg_dsn) as other:
+        head = await write(ledger, ["the orchard-api port is 18443", "nothing else"] * 3)
+        found = await ledger.store.search(
+            "same", "orchard port", exclude=set(), upto_seq=head, **ARGS
+        )
+        assert found
+        await other.store.purge("same", "test")
+        head = await write(other, ["the vacuum schedule is weekly"] * 8)  # longer: same seqs
+        warm = await ledger.store.search_messages(
+            "same", "orchard port vacuum", exclude=set(), upto_seq=head, **ARGS
+        )
+        assert warm == await cold_search(pg_dsn, "same", "orchard port vacuum", head)
+        assert {m.message["content"] for m in warm[1]} == {"the vacuum schedule is weekly"}
 
 
 async def test_the_warm_indexes_keep_to_their_budget(pg_dsn: str) -> None:

@@ -140,10 +140,10 @@ def rank(
         w = weights.get(lexeme, 0.0)
         for seq, tf, dl in rows:
             scores[seq] = get(seq, 0.0) + w * tf * k1p1 / (tf + K1 * (free + B * dl / avgdl))
-    newer = RECENCY / max(top, 1)
+    span = max(top, 1)
     best = heapq.nsmallest(
         limit,
-        ((seq, score * (1 + newer * seq)) for seq, score in scores.items()),
+        ((seq, score * (1 + RECENCY * seq / span)) for seq, score in scores.items()),
         key=lambda p: (-p[1], -p[0]),
     )
     return [(seq, score) for seq, score in best if score > 0]

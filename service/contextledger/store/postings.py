@@ -155,31 +155,34 @@ def search(
 
     skip = set(exclude)
     top = read_from(upto_seq, skip)
-    dls = np.frombuffer(index.dls, dtype=np.int16)
+    # Copies, never views of the index's arrays: a view (kept by a traceback, say) would
+    # make the next append to that array fail (BufferError). The lengths are ~2 bytes a
+    # seq; a lexeme's postings are copied by the stretch read.
+    dls = np.frombuffer(index.dls, dtype=np.int16).copy()
     skipped = _below(skip, top)
 
     def read(term: str, n: int) -> tuple[Ints, Ints] | None:
         """The newest ``n`` postings of ``term`` a search may read: seqs and tfs, newest
-        first (copies: a view would pin the array against the next append)."""
+        first."""
         held = index.seqs.get(term)
         if held is None:
             return None
-        seqs = np.frombuffer(held, dtype=np.int64)
-        tfs = np.frombuffer(index.tfs[term], dtype=np.int16)
         end = bisect_right(held, top)
         want = n
         while True:
             lo = max(0, end - want)
             if lo == end:
                 return None
+            seqs = np.frombuffer(held[lo:end], dtype=np.int64)  # (the slice is a copy)
+            tfs = np.frombuffer(index.tfs[term][lo:end], dtype=np.int16)
             if on_branch is None and bisect_left(skipped, held[lo]) == len(skipped):
                 # nothing to leave out of this stretch: the usual read, no mask
-                return seqs[lo:end][::-1].copy(), tfs[lo:end][::-1].astype(np.int64)
-            keep = _kept(seqs[lo:end], skipped, on_branch)
+                return seqs[::-1], tfs[::-1].astype(np.int64)
+            keep = _kept(seqs, skipped, on_branch)
             if int(keep.sum()) >= n or lo == 0:
                 break
             want *= 4
-        at = np.flatnonzero(keep)[::-1][:n] + lo
+        at = np.flatnonzero(keep)[::-1][:n]
         if not len(at):
             return None
         return seqs[at], tfs[at].astype(np.int64)
@@ -268,6 +271,6 @@ def _bm25(
     w = np.repeat(np.array(weights), [len(s) for s, _ in postings.values()])
     parts = w * tf * (K1 + 1) / (tf + K1 * ((1 - B) + B * dl / avgdl))
     uniq, inverse = np.unique(all_seqs, return_inverse=True)
-    scores = np.bincount(inverse, weights=parts) * (1 + (RECENCY / max(top, 1)) * uniq)
+    scores = np.bincount(inverse, weights=parts) * (1 + RECENCY * uniq / max(top, 1))
     order = np.lexsort((-uniq, -scores))[:limit]
     return [(int(uniq[i]), float(scores[i])) for i in order if scores[i] > 0]

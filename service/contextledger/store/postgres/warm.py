@@ -44,11 +44,11 @@ WITH indexed AS MATERIALIZED (
                       WHERE x.session_id = $1 AND x.lexeme = ''
                         AND x.tenant_id = {S}.current_tenant()
                       ORDER BY x.seq DESC LIMIT 1), 0) AS upto
-), facts AS MATERIALIZED (
-    SELECT h.head, h.branch_base, (SELECT upto FROM indexed) AS indexed,
+), facts AS MATERIALIZED (  -- the hash at $from: still the chain this process read?
+    SELECT h.head, h.last_hash, h.branch_base, h.view_gen, (SELECT upto FROM indexed) AS indexed,
            (SELECT g.hash FROM {S}.events g
-             WHERE g.session_id = $1 AND g.seq = 1 AND g.tenant_id = {S}.current_tenant())
-           AS genesis
+             WHERE g.session_id = $1 AND g.seq = $from::bigint
+               AND g.tenant_id = {S}.current_tenant()) AS at_from
       FROM {S}.sessions h WHERE h.session_id = $1 AND h.tenant_id = {S}.current_tenant()
 ), fresh_vectors AS MATERIALIZED (  -- each by its key
     SELECT e.session_id, e.seq, e.tenant_id, {VECTOR} AS v
@@ -69,11 +69,12 @@ _STORE = """ stored AS (
 _SYNC_TAIL = """ q AS (
     SELECT l FROM unnest(tsvector_to_array(to_tsvector($config::regconfig, $query))) l
 )
-SELECT 0 AS kind, lexeme, seq, tf::int, dl::int, NULL::text AS genesis FROM fresh
+SELECT 0 AS kind, lexeme, seq, tf::int, dl::int, NULL::text AS hash FROM fresh
 UNION ALL SELECT 1, l, 0, 0, 0, NULL FROM q
-UNION ALL SELECT 2, NULL, head, 0, 0, genesis FROM facts
+UNION ALL SELECT 2, NULL, head, 0, 0, last_hash FROM facts
 UNION ALL SELECT 3, NULL, branch_base, 0, 0, NULL FROM facts
-UNION ALL SELECT 4, NULL, indexed, 0, 0, NULL FROM facts"""
+UNION ALL SELECT 4, NULL, indexed, 0, 0, at_from FROM facts
+UNION ALL SELECT 5, NULL, view_gen, 0, 0, NULL FROM facts"""
 #: A session's stored postings up to the indexed seq, for its first search here: in the
 #: key's order, each lexeme's seqs ascending as ``Postings.extend`` takes them (by seq, the
 #: server sorted them first: a third of the statement, spilled to disk at 1,700 turns).
@@ -110,9 +111,12 @@ class _Warm:
     """One session's postings here, and what they were read with."""
 
     postings: Postings = field(default_factory=Postings)
-    genesis: str | None = None
-    #: the session's branch base when last read, and the branch's seqs below it
+    #: the hash of the event at ``postings.upto`` (None: nothing loaded yet)
+    tip: str | None = None
+    #: the session's branch base and view generation when last read, and the branch's
+    #: seqs below the base (read again when either changed: a rollback, a repair)
     base: int = 0
+    gen: int = 0
     below: frozenset[int] = frozenset()
     size: int = 0
     #: when it was last searched (a process-wide count)
@@ -170,46 +174,41 @@ class WarmIndexes:
         if warm is None:
             warm = self._held[session_id] = _Warm()
         self._held.move_to_end(session_id)
+        warm.used = next(_PROCESS.ticks)  # (a first load in progress is the newest)
         async with warm.lock:
             held = warm.postings
-            start = held.upto if warm.genesis is not None else _COLD
+            start = held.upto if warm.tip is not None else _COLD
             rows = await fetch(sql(True), {"from": start, "query": query, "config": config})
             fresh: list[tuple[str, int, int, int]] = []
             lexemes: list[str] = []
-            head = base = indexed = None
-            genesis: str | None = None
-            for kind, lexeme, seq, tf, dl, gen in rows:
+            facts: dict[int, tuple[int, str | None]] = {}
+            for kind, lexeme, seq, tf, dl, text in rows:
                 if kind == 0:
                     fresh.append((lexeme, seq, tf, dl))
                 elif kind == 1:
                     lexemes.append(lexeme)
-                elif kind == 2:
-                    head, genesis = seq, gen
-                elif kind == 3:
-                    base = seq
                 else:
-                    indexed = seq
-            if head is None or genesis is None or base is None or indexed is None:
+                    facts[kind] = (seq, text)
+            if len(facts) < 4:  # no such session (purged, say)
                 self.forget(session_id)
                 return None
-            if warm.genesis is not None and (warm.genesis != genesis or head < held.upto):
-                # another chain under the same id (purged and created again): start over
+            (head, tip), (base, _), (indexed, at_from), (gen, _) = (facts[k] for k in (2, 3, 4, 5))
+            if warm.tip is not None and at_from != warm.tip:
+                # another chain under the same id (purged and written again): start over
                 self.forget(session_id)
                 return await self.sync(session_id, query, config, fetch, sql)
-            if warm.genesis is None:
+            if warm.tip is None:
                 stored = await fetch(LOAD, {"upto": indexed})
                 held.extend((r[0], r[1], r[2], r[3]) for r in stored)
-                warm.genesis = genesis
             fresh = sorted((r for r in fresh if r[1] > held.upto), key=lambda r: r[1])
             held.extend(fresh)
-            held.upto = max(held.upto, head)
-            if base != warm.base:
+            held.upto, warm.tip = head, tip
+            if (base, gen) != (warm.base, warm.gen):
                 below = await fetch(BRANCH_BELOW, {}) if base else []
-                warm.base, warm.below = base, frozenset(r[0] for r in below)
+                warm.base, warm.gen, warm.below = base, gen, frozenset(r[0] for r in below)
             grown, warm.size = held.size - warm.size, held.size
         if self._held.get(session_id) is warm:  # (not dropped meanwhile: then uncounted)
             _PROCESS.total += grown
-            warm.used = next(_PROCESS.ticks)
             self._evict(warm)
         return Synced(held, lexemes, Branch(warm.base, warm.below) if warm.base else None)
 
