@@ -39,10 +39,13 @@ from contextledger.store.postgres.placeholders import bind
 from contextledger.store.postgres.statements import _BRANCH_BASE, S
 from contextledger.store.postgres.tips import _ClosedGate
 from contextledger.store.postgres.warm import (
+    FACTS,
+    FROM_HELD,
     RECALL_MESSAGES,
+    STORE,
+    SYNC_TAIL,
     gate_open,
     ranked,
-    sync_sql,
 )
 
 #: The text search configuration recall's stored vectors are built with (``event_search``).
@@ -432,6 +435,16 @@ def _search_values(q: SearchQuery, text_config: str, gaps: list[int] | None) -> 
     }
 
 
+@lru_cache(maxsize=2)
+def sync_sql(*, store: bool) -> str:
+    """The warm path's catch-up (``warm.py``): ``_CATCH_UP`` from the postings held, the
+    facts a sync checks, the new postings stored (not on a read-only server), returned
+    with the query's lexemes."""
+    old, new = FROM_HELD
+    assert old in _CATCH_UP
+    return _CATCH_UP.replace(old, new) + FACTS + (STORE if store else "") + SYNC_TAIL
+
+
 class Search(Lineages):
     """The recall search (``Store.search_messages``: ``find``) on the search pool."""
 
@@ -527,7 +540,7 @@ class Search(Lineages):
         catches them up, they are ranked here, one more reads the matches' messages.
         Rows as ``_sql_search``'s."""
         live = q.branch is None
-        stored_sql = sync_sql(vector=SEARCH_VECTOR, postings=POSTINGS, store=True)
+        stored_sql = sync_sql(store=True)
 
         async def fetch(text: str, values: dict[str, Any]) -> list[asyncpg.Record]:
             statement, args = bind(text, values, q.session_id)
@@ -536,7 +549,7 @@ class Search(Lineages):
             except asyncpg.ReadOnlySQLTransactionError:  # a standby: the same, unstored
                 if text != stored_sql:
                     raise
-                unstored = sync_sql(vector=SEARCH_VECTOR, postings=POSTINGS, store=False)
+                unstored = sync_sql(store=False)
                 statement, args = bind(unstored, values, q.session_id)
                 return await self._run_search(statement, args, live=live)
 

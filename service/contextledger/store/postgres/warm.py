@@ -35,38 +35,28 @@ WARM_BUDGET = 2_000_000
 #: A session's catch-up is read from here when its postings are not held yet.
 _COLD = 2**62
 
-#: The search's catch-up (``search._CATCH_UP``), from the seq the process holds postings up
-#: to ($from) or the server's indexed one, whichever is lower: what another process
-#: indexed since this one last looked is computed again (its messages' vectors, by key).
-_SYNC_HEAD = """
-WITH indexed AS MATERIALIZED (
-    SELECT coalesce((SELECT x.seq FROM {S}.event_terms x
-                      WHERE x.session_id = $1 AND x.lexeme = ''
-                        AND x.tenant_id = {S}.current_tenant()
-                      ORDER BY x.seq DESC LIMIT 1), 0) AS upto
-), facts AS MATERIALIZED (  -- the hash at $from: still the chain this process read?
+#: The search's catch-up (``search._CATCH_UP``), started from the seq the process holds
+#: postings up to ($from) or the server's indexed one, whichever is lower (what another
+#: process indexed since this one last looked is computed again, by key), and what a
+#: sync checks the held postings against: the head and its hash, the branch's base and
+#: view generation, the hash at $from (still the chain this process read?).
+FROM_HELD = (
+    "generate_series((SELECT upto FROM indexed) + 1,",
+    "generate_series(least($from::bigint, (SELECT upto FROM indexed)) + 1,",
+)
+FACTS = f""" facts AS MATERIALIZED (
     SELECT h.head, h.last_hash, h.branch_base, h.view_gen, (SELECT upto FROM indexed) AS indexed,
            (SELECT g.hash FROM {S}.events g
              WHERE g.session_id = $1 AND g.seq = $from::bigint
                AND g.tenant_id = {S}.current_tenant()) AS at_from
       FROM {S}.sessions h WHERE h.session_id = $1 AND h.tenant_id = {S}.current_tenant()
-), fresh_vectors AS MATERIALIZED (  -- each by its key
-    SELECT e.session_id, e.seq, e.tenant_id, {VECTOR} AS v
-      FROM generate_series(least($from::bigint, (SELECT upto FROM indexed)) + 1,
-                           (SELECT head FROM facts)) g(seq)
-     CROSS JOIN LATERAL (
-        SELECT * FROM {S}.events x
-         WHERE x.session_id = $1 AND x.seq = g.seq AND x.tenant_id = {S}.current_tenant()
-        OFFSET 0) e
-     WHERE e.type = 'message.appended'
-), fresh AS MATERIALIZED ({POSTINGS}
 ),"""
-_STORE = """ stored AS (
+STORE = f""" stored AS (
     INSERT INTO {S}.event_terms (session_id, lexeme, seq, tenant_id, tf, dl)
     SELECT session_id, lexeme, seq, tenant_id, tf, dl FROM fresh
      WHERE seq > (SELECT upto FROM indexed) ON CONFLICT DO NOTHING
 ),"""
-_SYNC_TAIL = """ q AS (
+SYNC_TAIL = """ q AS (
     SELECT l FROM unnest(tsvector_to_array(to_tsvector($config::regconfig, $query))) l
 )
 SELECT 0 AS kind, lexeme, seq, tf::int, dl::int, NULL::text AS hash FROM fresh
@@ -98,12 +88,6 @@ SELECT e.seq, (e.data -> 'message')::text, e.tokens, e.created_at
 BRANCH_BELOW = f"""
 SELECT seq FROM {S}.branch_items
  WHERE session_id = $1 AND part = 0 AND tenant_id = {S}.current_tenant()"""
-
-
-def sync_sql(*, vector: str, postings: str, store: bool) -> str:
-    """The catch-up statement (``store=False`` on a read-only server: nothing stored)."""
-    head = _SYNC_HEAD.format(S=S, VECTOR=vector, POSTINGS=postings.format(src="fresh_vectors"))
-    return head + (_STORE.format(S=S) if store else "") + _SYNC_TAIL
 
 
 @dataclass
