@@ -382,7 +382,10 @@ async def test_the_search_reads_its_matches_messages_as_recall_messages_does(
 # -- the search postings (migrations 0006, 0010): written by the search, not by appends -
 
 
-async def indexed(dsn: str, session_id: str) -> list[int]:
+async def indexed(ledger: Ledger, dsn: str, session_id: str) -> list[int]:
+    """The seqs whose postings are stored, once what the searches so far found missing
+    is (the warm path stores it after the request)."""
+    await ledger.store.wait_indexed()
     conn = await asyncpg.connect(asyncpg_dsn(dsn))
     try:
         rows = await conn.fetch(
@@ -403,15 +406,15 @@ async def test_appends_write_no_vectors_and_each_search_indexes_what_is_new(
     pg_ledger: Ledger, pg_dsn: str
 ) -> None:
     session = await planted(pg_ledger)
-    assert await indexed(pg_dsn, "r") == []
+    assert await indexed(pg_ledger, pg_dsn, "r") == []
     request = await session.get_messages_for_request(token_budget=2000)
     assert any("18443" in b for b in recall_blocks(request))
-    assert await indexed(pg_dsn, "r") == await message_seqs(session)
+    assert await indexed(pg_ledger, pg_dsn, "r") == await message_seqs(session)
     await session.add_message({"role": "assistant", "content": "Checking the gateway now."})
     await session.add_message({"role": "user", "content": "And the orchard-api owner?"})
-    assert len(await indexed(pg_dsn, "r")) == len(await message_seqs(session)) - 2
+    assert len(await indexed(pg_ledger, pg_dsn, "r")) == len(await message_seqs(session)) - 2
     await session.get_messages_for_request(token_budget=2000)
-    assert await indexed(pg_dsn, "r") == await message_seqs(session)
+    assert await indexed(pg_ledger, pg_dsn, "r") == await message_seqs(session)
 
 
 async def test_a_short_session_skips_the_search_until_something_may_be_left_out(
@@ -424,18 +427,18 @@ async def test_a_short_session_skips_the_search_until_something_may_be_left_out(
     await session.add_message({"role": "user", "content": FACT})
     await session.add_message({"role": "assistant", "content": "Noted."})
     await session.get_messages_for_request(token_budget=100_000)
-    assert await indexed(pg_dsn, "short") == await message_seqs(session)  # searched
-    first = await indexed(pg_dsn, "short")
+    assert await indexed(pg_ledger, pg_dsn, "short") == await message_seqs(session)  # searched
+    first = await indexed(pg_ledger, pg_dsn, "short")
     await chatter(session, 3)
     await session.get_messages_for_request(token_budget=100_000)
-    assert await indexed(pg_dsn, "short") == first  # skipped: nothing can be left out
+    assert await indexed(pg_ledger, pg_dsn, "short") == first  # skipped: nothing can be left out
     await session.checkpoint("c")  # a seq no request carries: the gate is probed again
     await session.get_messages_for_request(token_budget=100_000)
-    assert await indexed(pg_dsn, "short") == await message_seqs(session)
+    assert await indexed(pg_ledger, pg_dsn, "short") == await message_seqs(session)
     for i in range(RECHECK_AFTER // 2 + 1):  # skipped at most RECHECK_AFTER seqs
         await chatter(session, 1, start=10 + i)
         await session.get_messages_for_request(token_budget=100_000)
-    assert len(await indexed(pg_dsn, "short")) >= len(await message_seqs(session)) - 2
+    assert len(await indexed(pg_ledger, pg_dsn, "short")) >= len(await message_seqs(session)) - 2
     await chatter(session, 40, start=100)  # the fact falls out of a small budget
     await session.add_message({"role": "user", "content": QUESTION})
     blocks = recall_blocks(await session.get_messages_for_request(token_budget=2000))
@@ -487,7 +490,8 @@ async def test_concurrent_searches_agree_and_index_each_event_once(
 
     results = await asyncio.gather(*(search() for _ in range(6)))
     assert results[0] and results[0][0][0] == 3 and all(r == results[0] for r in results)
-    assert await indexed(pg_dsn, "r") == await message_seqs(session)  # primary key: once each
+    once_each = await message_seqs(session)  # (the primary key)
+    assert await indexed(pg_ledger, pg_dsn, "r") == once_each
     assert await search() == results[0]  # from the stored vectors alone
 
 
@@ -514,7 +518,7 @@ async def test_a_read_only_server_searches_the_same_without_storing(
     finally:
         await standby.close()
     assert found and found[0][0] == 3
-    assert await indexed(pg_dsn, "r") == []
+    assert await indexed(pg_ledger, pg_dsn, "r") == []
     assert await pg_ledger.store.search("r", QUESTION, **args) == found
 
 
@@ -626,7 +630,8 @@ async def test_the_search_reads_postings_bounded_by_the_query_not_the_history() 
             await session.add_messages(batch)
             await session.add_message({"role": "user", "content": "which gateway attempt?"})
             request = await session.get_messages_for_request(token_budget=2000)
-            assert recall_blocks(request)  # indexed, and the search found matches
+            assert recall_blocks(request)  # the search found matches
+            await ledger.store.wait_indexed()  # and stored their postings
             carried = set(range(n - 5, n + 2))
             text, args = search_statement(
                 SearchQuery(f"b{n}", "which gateway attempt?", carried, n + 1, None, 40, "english"),
@@ -778,9 +783,9 @@ async def test_the_search_reads_each_match_by_its_key(pg_dsn: str) -> None:
 async def test_a_purge_removes_the_vectors(pg_ledger: Ledger, pg_dsn: str) -> None:
     session = await planted(pg_ledger)
     await session.get_messages_for_request(token_budget=2000)
-    assert await indexed(pg_dsn, "r")
+    assert await indexed(pg_ledger, pg_dsn, "r")
     await pg_ledger.store.purge("r", "test")
-    assert await indexed(pg_dsn, "r") == []
+    assert await indexed(pg_ledger, pg_dsn, "r") == []
 
 
 @pytest.mark.usefixtures("serial_migrations")

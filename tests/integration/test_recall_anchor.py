@@ -180,13 +180,13 @@ async def test_a_short_session_skips_the_search_for_a_request_after_the_reply(
     await session.add_message({"role": "user", "content": FACT})
     await session.add_message({"role": "assistant", "content": "Noted."})
     await session.get_messages_for_request(token_budget=100_000)
-    first = await indexed(pg_dsn, "short-reply")
+    first = await indexed(pg_ledger, pg_dsn, "short-reply")
     assert first == await message_seqs(session)  # the first search ran (and indexed)
     for i in range(5):
         await session.add_message({"role": "user", "content": f"question {i}?"})
         await session.add_message({"role": "assistant", "content": f"answer {i}."})
         await session.get_messages_for_request(token_budget=100_000)
-    assert await indexed(pg_dsn, "short-reply") == first  # skipped each time
+    assert await indexed(pg_ledger, pg_dsn, "short-reply") == first  # skipped each time
     await chatter(session, 40)  # the fact falls out of a small budget
     await session.add_message({"role": "user", "content": QUESTION})
     await session.add_message({"role": "assistant", "content": "Looking."})

@@ -6,15 +6,25 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextledger import Ledger
 from contextledger.core.events import MessageAppended, SessionCreated
+from contextledger.store.dsn import asyncpg_dsn
 from contextledger.store.postgres import PostgresStore
+from contextledger.store.postgres.search import INDEX_BATCH
 from contextledger.store.postgres.warm import WarmIndexes
 from tests.examples import examples
-from tests.integration.test_recall import FACT, QUESTION, chatter, planted, recall_blocks
+from tests.integration.test_recall import (
+    FACT,
+    QUESTION,
+    chatter,
+    message_seqs,
+    planted,
+    recall_blocks,
+)
 
 ARGS: dict[str, Any] = {"limit": 10, "text_config": "english", "branch": None}
 
@@ -213,3 +223,81 @@ async def test_searched_along_the_way_or_cold_the_answer_is_the_same(
             assert warm == await cold_search(pg_dsn, sid, query, upto)
             mem = await memory.store.search(sid, query, exclude=set(), upto_seq=upto, **ARGS)
             assert [s for s, _ in warm[0]] == [s for s, _ in mem]
+
+
+async def stored(dsn: str, session_id: str) -> list[int]:
+    """The seqs whose postings are stored now (nothing waited for)."""
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        rows = await conn.fetch(
+            "SELECT seq FROM contextledger.event_terms WHERE session_id = $1 AND lexeme = ''"
+            " ORDER BY seq",
+            session_id,
+        )
+        return [r[0] for r in rows]
+    finally:
+        await conn.close()
+
+
+async def test_postings_are_stored_after_the_request_a_batch_at_a_time(pg_dsn: str) -> None:
+    # The request's catch-up only reads; the postings it found unstored are stored by a
+    # task after it once the head is INDEX_BATCH seqs past them, or when asked to
+    # (``wait_indexed``), and a process that loads the session meanwhile computes the rest.
+    async with Ledger.open(pg_dsn) as ledger:
+        store = pg_store(ledger)
+        session = await planted(ledger)  # 84 messages: past a batch at the first search
+        await session.get_messages_for_request(2000)
+        await store.wait_indexed(store=False)  # the task started after the request
+        assert await stored(pg_dsn, "r") == await message_seqs(session)
+        await session.add_message({"role": "user", "content": "the quokka relay runs on 7311"})
+        await session.add_message({"role": "assistant", "content": "Noted, relay 7311."})
+        await session.get_messages_for_request(2000)
+        await store.wait_indexed(store=False)
+        new = (await message_seqs(session))[-2:]
+        assert not set(new) & set(await stored(pg_dsn, "r"))  # within a batch: noted
+        head = session.head
+        warm = await store.search_messages(
+            "r", "quokka relay", exclude=set(), upto_seq=head, **ARGS
+        )
+        assert sorted(s for s, _ in warm[0]) == new  # found, from the held postings
+        assert warm == await cold_search(pg_dsn, "r", "quokka relay", head)  # computed there
+        await store.wait_indexed()  # asked: stored
+        assert await stored(pg_dsn, "r") == await message_seqs(session)
+        await chatter(session, INDEX_BATCH // 2)  # a batch's worth of seqs
+        await session.get_messages_for_request(2000)
+        await store.wait_indexed(store=False)
+        assert await stored(pg_dsn, "r") == await message_seqs(session)
+        assert not store._unstored and not store._indexing
+
+
+async def test_closing_the_store_stores_the_postings_a_batch_was_waiting_for(
+    pg_dsn: str,
+) -> None:
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await planted(ledger)
+        await session.get_messages_for_request(2000)
+        await ledger.store.wait_indexed(store=False)  # (its task would store what follows)
+        await session.add_message({"role": "user", "content": "the quokka relay runs on 7311"})
+        await session.get_messages_for_request(2000)
+        assert "r" in pg_store(ledger)._unstored
+        seqs = await message_seqs(session)
+    assert await stored(pg_dsn, "r") == seqs
+
+
+async def test_a_purge_leaves_no_postings_a_batch_or_a_task_would_have_stored(
+    pg_dsn: str,
+) -> None:
+    async with Ledger.open(pg_dsn) as ledger:
+        store = pg_store(ledger)
+        session = await planted(ledger)
+        await session.get_messages_for_request(2000)  # a task storing 84 messages' postings
+        await store.purge("r", "test")  # waits for it, then removes them
+        assert await stored(pg_dsn, "r") == []
+        again = await ledger.session("r2", config={"token_counter": "chars"})
+        await again.add_message({"role": "user", "content": "the quokka relay runs on 7311"})
+        await chatter(again, 3)
+        await store.search_messages("r2", "quokka", exclude=set(), upto_seq=again.head, **ARGS)
+        assert "r2" in store._unstored
+        await store.purge("r2", "test")
+        assert "r2" not in store._unstored and "r2" not in store._indexing
+    assert await stored(pg_dsn, "r2") == []

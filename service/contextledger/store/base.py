@@ -352,6 +352,12 @@ class Store(abc.ABC):
         recalls nothing."""
         return []
 
+    async def wait_indexed(self, session_id: str | None = None, *, store: bool = True) -> None:
+        """Until what the searches so far indexed off their requests is stored (``store``
+        False: only what is being stored; a store that indexes as it searches, or not at
+        all, has nothing to wait for)."""
+        return None
+
     async def vectors_available(self) -> bool:
         """Whether this store keeps embeddings (PostgreSQL with the ``vector`` extension)."""
         return False

@@ -3,6 +3,7 @@ with its closed-gate memo."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Collection, Sequence
@@ -12,6 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 import asyncpg
+import structlog
 
 from contextledger.core.recall import Recalled
 from contextledger.errors import (
@@ -42,11 +44,14 @@ from contextledger.store.postgres.warm import (
     FACTS,
     FROM_HELD,
     RECALL_MESSAGES,
-    STORE,
     SYNC_TAIL,
+    Fetch,
+    Synced,
     gate_open,
     ranked,
 )
+
+log = structlog.get_logger(__name__)
 
 #: The text search configuration recall's stored vectors are built with (``event_search``).
 INDEX_TEXT_CONFIG = "english"
@@ -88,6 +93,11 @@ CLOSED = -1
 RECHECK_AFTER = 64
 #: Sessions whose closed gate a store remembers (the oldest is forgotten first).
 MAX_REMEMBERED = 4096
+#: The warm path stores a session's new postings once its head is this many seqs past the
+#: stored ones (``Search._index_later``): ~16 turns a statement, after the request. A
+#: process's first search of the session computes at most these (and whatever its
+#: holder had not stored when it stopped) instead of reading them.
+INDEX_BATCH = 32
 
 
 #: A message's postings from its vector ``v`` (migration 0010 spells the same rows).
@@ -435,18 +445,32 @@ def _search_values(q: SearchQuery, text_config: str, gaps: list[int] | None) -> 
     }
 
 
-@lru_cache(maxsize=2)
-def sync_sql(*, store: bool) -> str:
+@lru_cache(maxsize=1)
+def sync_sql() -> str:
     """The warm path's catch-up (``warm.py``): ``_CATCH_UP`` from the postings held, the
-    facts a sync checks, the new postings stored (not on a read-only server), returned
-    with the query's lexemes."""
+    facts a sync checks, the new postings returned with the query's lexemes (stored by
+    ``INDEX_BEHIND``, off the request path)."""
     old, new = FROM_HELD
     assert old in _CATCH_UP
-    return _CATCH_UP.replace(old, new) + FACTS + (STORE if store else "") + SYNC_TAIL
+    return _CATCH_UP.replace(old, new) + FACTS + SYNC_TAIL
+
+
+#: What the warm path's catch-ups left unstored, stored: the postings of the session's
+#: messages above its stored ones (``_CATCH_UP``'s), run after the request that found them
+#: missing (``Search._index_behind``). Self-healing: whatever a lost or failed run did not
+#: store, the next one does (the stored postings stay a prefix of the messages).
+INDEX_BEHIND = _CATCH_UP + _STORE_FRESH.rstrip().rstrip(",") + "\nSELECT count(*) FROM fresh"
 
 
 class Search(Lineages):
     """The recall search (``Store.search_messages``: ``find``) on the search pool."""
+
+    #: the sessions whose missing postings a task is storing (``_index_behind``), those
+    #: asked again meanwhile, and when a read-only server last refused it
+    _indexing: dict[str, asyncio.Task[None]]
+    _index_again: set[str]
+    _unstored: dict[str, None]
+    _index_refused_at: float | None
 
     @translated
     async def find(self, q: SearchQuery) -> tuple[list[tuple[int, float]], list[Recalled]]:
@@ -540,24 +564,24 @@ class Search(Lineages):
         catches them up, they are ranked here, one more reads the matches' messages.
         Rows as ``_sql_search``'s."""
         live = q.branch is None
-        stored_sql = sync_sql(store=True)
 
         async def fetch(text: str, values: dict[str, Any]) -> list[asyncpg.Record]:
             statement, args = bind(text, values, q.session_id)
-            try:
-                return await self._run_search(statement, args, live=live)
-            except asyncpg.ReadOnlySQLTransactionError:  # a standby: the same, unstored
-                if text != stored_sql:
-                    raise
-                unstored = sync_sql(store=False)
-                statement, args = bind(unstored, values, q.session_id)
-                return await self._run_search(statement, args, live=live)
+            return await self._run_search(statement, args, live=live)
 
-        synced = await self._warm.sync(
-            q.session_id, q.query, INDEX_TEXT_CONFIG, fetch, lambda store: stored_sql
-        )
+        synced = await self._warm.sync(q.session_id, q.query, INDEX_TEXT_CONFIG, fetch, sync_sql())
         if synced is None:
             return []
+        try:
+            return await self._warm_rows(q, gaps, synced, fetch)
+        finally:  # after the request's reads: its connection is back for the task
+            if synced.unstored:
+                self._index_later(q.session_id, synced.lag)
+
+    async def _warm_rows(
+        self, q: SearchQuery, gaps: list[int] | None, synced: Synced, fetch: Fetch
+    ) -> list[Any]:
+        """The gate, the ranking on the postings held, the matches' messages by key."""
         if not gate_open(synced, gaps, q.branch):
             return [(CLOSED, 0.0, None, None, None)]
         found, near = ranked(
@@ -580,6 +604,68 @@ class Search(Lineages):
         read = {r[0]: r for r in await fetch(text, values)}
         rows = [(s, score, *read[s][1:]) for s, score in found if s in read]
         return rows + [(s, 0.0, *read[s][1:]) for s in near if s in read]
+
+    def _index_later(self, session_id: str, lag: int) -> None:
+        """Postings the stored ones lack are stored once the session's head is
+        ``INDEX_BATCH`` seqs past them (one statement for several turns, run after the
+        request: ``_index_behind``); until then they are noted (``wait_indexed`` and
+        ``close`` store them)."""
+        if lag >= INDEX_BATCH:
+            self._index_behind(session_id)
+            return
+        unstored = self._unstored
+        unstored.pop(session_id, None)
+        if len(unstored) >= MAX_REMEMBERED:  # the oldest noted: its next search notes it
+            del unstored[next(iter(unstored))]
+        unstored[session_id] = None
+
+    def _index_behind(self, session_id: str) -> None:
+        """Store what the session's stored postings lack (``INDEX_BEHIND``) in a task of
+        its own, one at a time per session (asked again while one runs, it runs once
+        more after). Not on a read-only server (refused in the last
+        ``SEARCH_POOL_BACKOFF`` seconds)."""
+        self._unstored.pop(session_id, None)
+        refused = self._index_refused_at
+        if refused is not None and time.monotonic() - refused < SEARCH_POOL_BACKOFF:
+            return
+        if session_id in self._indexing:
+            self._index_again.add(session_id)
+            return
+        task = asyncio.get_running_loop().create_task(self._index(session_id))
+        self._indexing[session_id] = task
+
+    async def _index(self, session_id: str) -> None:
+        try:
+            while True:
+                self._index_again.discard(session_id)
+                statement, args = bind(INDEX_BEHIND, {}, session_id)
+                await self._run_search(statement, args, live=True)
+                if session_id not in self._index_again:
+                    break
+        except asyncpg.ReadOnlySQLTransactionError:  # a standby: searched, never stored
+            self._index_refused_at = time.monotonic()
+        except Exception as exc:  # the next search finds the postings missing and retries
+            log.warning("recall_index_failed", session_id=session_id, error=repr(exc))
+        finally:
+            self._index_again.discard(session_id)
+            del self._indexing[session_id]
+
+    async def wait_indexed(self, session_id: str | None = None, *, store: bool = True) -> None:
+        """Until the postings the searches so far found missing are stored (``session_id``
+        None: every session's): ``close`` and tests that read ``event_terms``. With
+        ``store`` False, only until the running tasks end (a purge, an erasure: what they
+        would store is about to go)."""
+        for sid in list(self._unstored):
+            if session_id in (None, sid):
+                if store:
+                    self._index_behind(sid)
+                else:
+                    del self._unstored[sid]
+        while True:
+            pending = [t for sid, t in self._indexing.items() if session_id in (None, sid)]
+            if not pending:
+                return
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def _sql_search(self, q: SearchQuery, gaps: list[int] | None) -> list[Any]:
         """The search as one statement (``_SEARCH``; on Citus, ``SEARCH_CALL``)."""

@@ -108,6 +108,10 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         self._search_pool = search_pool  # live searches (``_SEARCH_CONNECTION``), if any
         self._warm = WarmIndexes()  # sessions' postings held here (``warm.py``)
         self._search_refused_at: float | None = None  # when the server last refused it one
+        self._indexing: dict[str, asyncio.Task[None]] = {}  # postings being stored (search.py)
+        self._index_again: set[str] = set()
+        self._unstored: dict[str, None] = {}  # sessions whose postings wait for a batch
+        self._index_refused_at: float | None = None
         self._dsn = dsn
         self._heads: dict[str, tuple[int, str]] = {}  # bounded: _remember_head
         #: a lock lives while a writer holds or awaits it: one per session in use, not ever seen
@@ -437,6 +441,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
     @translated
     async def purge(self, session_id: str, reason: str) -> int:
         """The audited purge path (see the migration): removes a session entirely."""
+        await self.wait_indexed(session_id, store=False)  # none stored after the purge
         async with self._lock(session_id), self._pool.acquire() as conn, conn.transaction():
             # the row locked first: a fork being created (its parent read FOR SHARE)
             # either committed before, and is listed, or finds the parent gone
@@ -495,6 +500,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         own. Then this store forgets them."""
         target = session_id
         erased = [session_id]
+        await self.wait_indexed(store=False)  # none stored after the erasure (forks too)
         async with self._lock(session_id):
             try:
                 async with self._pool.acquire() as conn, conn.transaction():
@@ -598,6 +604,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
     async def close(self) -> None:
         await self._batcher.wait_idle()  # appends already accepted get their answer
         self._closing = True
+        await self.wait_indexed()  # postings a search found missing, stored
         while self._idle:
             self._lent -= 1
             await self._pool.release(self._idle.pop())
