@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from contextledger import Ledger
 from contextledger.core.events import MessageAppended, SessionCreated
 from contextledger.store.dsn import asyncpg_dsn
+from contextledger.store.lexical import DEEP_LIMIT
 from contextledger.store.postgres import PostgresStore
 from contextledger.store.postgres.search import INDEX_BATCH
 from contextledger.store.postgres.warm import WarmIndexes
@@ -301,3 +302,48 @@ async def test_a_purge_leaves_no_postings_a_batch_or_a_task_would_have_stored(
         await store.purge("r2", "test")
         assert "r2" not in store._unstored and "r2" not in store._indexing
     assert await stored(pg_dsn, "r2") == []
+
+
+async def test_a_cold_process_reads_what_its_searches_read_not_the_history(pg_dsn: str) -> None:
+    # A process that did not write the session holds what it catches up with, and loads
+    # a lexeme's older postings newest first as far as a search reads them (a second hop
+    # computes the lexemes of the messages it starts from): the answers are those of the
+    # process that holds them all, live, anchored far back, with a second hop or not.
+    words = ["gateway", "answered", "attempt", "code", "orchard", "ledger", "quokka"]
+    async with Ledger.open(pg_dsn) as here:
+        session = await here.session("long", config={"token_counter": "chars"})
+        await session.add_message({"role": "user", "content": FACT})
+        await session.add_messages(
+            [
+                {
+                    "role": "user",
+                    "content": f"the {words[i % 7]} answered attempt {i} code {i % 97}",
+                }
+                for i in range(6 * DEEP_LIMIT)
+            ]
+        )
+        await session.add_message({"role": "user", "content": QUESTION})
+        await session.get_messages_for_request(2000)  # held whole here (nothing stored yet)
+        await here.store.wait_indexed()
+        head = session.head
+        async with Ledger.open(pg_dsn) as there:
+
+            async def agree(query: str, upto: int) -> None:
+                for hop in (False, True):
+                    args = {**ARGS, "limit": 20, "hop": hop}
+                    warm = await here.store.search_messages(
+                        "long", query, exclude=set(), upto_seq=upto, **args
+                    )
+                    cold = await there.store.search_messages(
+                        "long", query, exclude=set(), upto_seq=upto, **args
+                    )
+                    assert cold == warm and warm[0], (query, upto, hop)
+
+            await agree("gateway attempt code", head)
+            await agree(QUESTION, head)
+            held = pg_store(there)._warm._held["long"].postings
+            whole = pg_store(here)._warm._held["long"].postings
+            assert held.base == head + 1  # all stored before: read as the searches read
+            assert 0 < held.count < whole.count // 4
+            await agree("quokka answered attempt", head // 3)  # back past what was read
+            await agree("orchard code 41", 40)

@@ -58,14 +58,30 @@ class Branch:
         return isinstance(seq, int) and (seq > self.base or seq in self.below)
 
 
+class Missing(Exception):
+    """What a search over partly held postings must have first (``Postings.base``): per
+    lexeme, its postings older than those held (how many the search wanted), and the
+    lexemes of messages a second hop starts from."""
+
+    def __init__(self, terms: dict[str, int], forward: set[int]) -> None:
+        super().__init__(f"{len(terms)} lexemes, {len(forward)} messages")
+        self.terms = terms
+        self.forward = forward
+
+
 class Postings:
     """Per lexeme the seqs of the messages holding it (ascending) and its count in each;
     per seq the message's length (-1: no message) and its lexemes (a second hop's
-    words). Added in seq order. ~20 bytes a posting (a dict of counts per message: ~50)."""
+    words). Added in seq order. ~20 bytes a posting (a dict of counts per message: ~50).
 
-    __slots__ = ("count", "dls", "lexemes", "messages", "seqs", "tfs", "upto")
+    Held whole (``base`` 0), or from seq ``base`` on (PostgreSQL's warm path: a process
+    holds what it caught up with, and loads a lexeme's older postings, newest first, as
+    far as a search reads them, ``older``): ``floors`` says from which seq each lexeme
+    is held whole, and a search that would read past it raises ``Missing``."""
 
-    def __init__(self) -> None:
+    __slots__ = ("base", "count", "dls", "floors", "lexemes", "messages", "seqs", "tfs", "upto")
+
+    def __init__(self, base: int = 0) -> None:
         #: every message up to this seq has been added (and none after it)
         self.upto = 0
         self.seqs: dict[str, array[int]] = {}
@@ -75,10 +91,48 @@ class Postings:
         self.messages = 0
         #: postings held (counted as they come: summing the arrays is O(vocabulary))
         self.count = 0
+        #: every posting and message from this seq on is held (0 or 1: all of them)
+        self.base = base
+        #: lexemes held whole from an earlier seq than ``base`` (1: all of its postings)
+        self.floors: dict[str, int] = {}
+
+    def floor(self, term: str) -> int:
+        """The seq from which ``term``'s postings are all held."""
+        return self.floors.get(term, self.base)
 
     def is_message(self, seq: int) -> bool:
         """Whether ``seq`` is a message held here."""
         return 0 < seq < len(self.dls) and self.dls[seq] >= 0
+
+    def may_be_message(self, seq: int) -> bool:
+        """``is_message``, or not known here (a seq below ``base`` no posting read held)."""
+        return self.is_message(seq) or 0 < seq < self.base
+
+    def older(self, term: str, rows: Sequence[tuple[int, int, int]], whole: bool) -> None:
+        """``term``'s postings ``(seq, tf, dl)`` just older than those held, newest first
+        (``whole``: all of its older ones; else the oldest of them is its new floor)."""
+        if rows:
+            if rows[0][0] >= self.floor(term):
+                raise ValueError(f"postings of {term!r} from seq {rows[0][0]} are held")
+            self._room(rows[0][0])
+            dls = self.dls
+            for seq, _, dl in rows:
+                self.messages += dls[seq] < 0
+                dls[seq] = min(dl, 32767)
+            term = sys.intern(term)
+            seqs = array("q", [r[0] for r in reversed(rows)])
+            tfs = array("h", [min(r[1], 32767) for r in reversed(rows)])
+            held = self.seqs.get(term)
+            if held is not None:
+                seqs.extend(held)
+                tfs.extend(self.tfs[term])
+            self.seqs[term], self.tfs[term] = seqs, tfs
+            self.count += len(rows)
+        self.floors[term] = 1 if whole or not rows else rows[-1][0]
+
+    def forward(self, seq: int, lexemes: Iterable[str]) -> None:
+        """The lexemes of message ``seq`` (below ``base``: a second hop starts from it)."""
+        self.lexemes[seq] = tuple(sys.intern(t) for t in lexemes if t)
 
     def _room(self, seq: int) -> None:
         if seq >= len(self.dls):
@@ -150,7 +204,9 @@ def search(
     them), each one's newest ``PER_TERM`` postings below what the request carries
     (``exclude``; ``on_branch``: which seqs are the branch's, None: all), the rarest
     capped ones read further, BM25; with ``hop``, a second hop after them (negated
-    scores). ``(seq, score)``, best first, ties to the newer seq."""
+    scores). ``(seq, score)``, best first, ties to the newer seq. Over postings held in
+    part, ``Missing`` says what to load first (the answer is then the one the whole
+    postings give: a search reads only a lexeme's newest postings)."""
     import numpy as np
 
     skip = set(exclude)
@@ -161,27 +217,40 @@ def search(
     dls = np.frombuffer(index.dls, dtype=np.int16).copy()
     skipped = _below(skip, top)
 
+    terms_wanted: dict[str, int] = {}
+
     def read(term: str, n: int) -> tuple[Ints, Ints] | None:
         """The newest ``n`` postings of ``term`` a search may read: seqs and tfs, newest
-        first."""
+        first. Past the postings held of it (``Postings.floor``), what more it wants is
+        noted in ``terms_wanted``."""
         held = index.seqs.get(term)
+        partial = index.floor(term) > 1
         if held is None:
+            if partial:
+                terms_wanted[term] = max(n, terms_wanted.get(term, 0))
             return None
         end = bisect_right(held, top)
         want = n
         while True:
             lo = max(0, end - want)
             if lo == end:
+                if partial:
+                    terms_wanted[term] = max(n, terms_wanted.get(term, 0))
                 return None
             seqs = np.frombuffer(held[lo:end], dtype=np.int64)  # (the slice is a copy)
             tfs = np.frombuffer(index.tfs[term][lo:end], dtype=np.int16)
             if on_branch is None and bisect_left(skipped, held[lo]) == len(skipped):
                 # nothing to leave out of this stretch: the usual read, no mask
+                if partial and end - lo < n:
+                    terms_wanted[term] = max(n, terms_wanted.get(term, 0))
                 return seqs[::-1], tfs[::-1].astype(np.int64)
             keep = _kept(seqs, skipped, on_branch)
-            if int(keep.sum()) >= n or lo == 0:
+            kept = int(keep.sum())
+            if kept >= n or lo == 0:
                 break
             want *= 4
+        if partial and kept < n:
+            terms_wanted[term] = max(n + end - kept, terms_wanted.get(term, 0))
         at = np.flatnonzero(keep)[::-1][:n]
         if not len(at):
             return None
@@ -207,14 +276,22 @@ def search(
 
     terms = query_lexemes(lexemes)
     found = ranked(terms, limit)
+    if terms_wanted:
+        raise Missing(terms_wanted, set())
     if not hop or not found:
         return found
     # the second hop finds other messages than the matches and their neighbours
+    starts = [seq for seq, _ in found[:HOP_FROM]]
+    unknown = {seq for seq in starts if seq < index.base and seq not in index.lexemes}
+    if unknown:
+        raise Missing({}, unknown)
     skip.update(seq for seq, _ in found)
-    skip.update(seq + d for seq, _ in found[:HOP_FROM] for d in (-1, 1))
+    skip.update(seq + d for seq in starts for d in (-1, 1))
     skipped = _below(skip, top)
-    again = hop_lexemes([index.lexemes.get(seq, ()) for seq, _ in found], set(terms))
+    again = hop_lexemes([index.lexemes.get(seq, ()) for seq in starts], set(terms))
     hopped = ranked(again, HOP_LIMIT, specific=True)
+    if terms_wanted:
+        raise Missing(terms_wanted, set())
     return found + [(seq, -score) for seq, score in hopped]
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contextledger.store import lexical
-from contextledger.store.postings import Branch, Postings, search
+from contextledger.store.postings import Branch, Missing, Postings, search
 from tests.examples import examples
 
 WORDS = [f"w{i}" for i in range(12)]
@@ -134,3 +134,69 @@ def test_deep_reads_reach_past_the_newest_postings_of_a_capped_lexeme() -> None:
 def test_a_branch_keeps_its_seqs_above_the_base_and_those_listed_below() -> None:
     branch = Branch(10, frozenset({3, 4}))
     assert [s in branch for s in (3, 5, 10, 11)] == [True, False, False, True]
+
+
+def partly(messages: list[list[str] | None], base: int) -> Postings:
+    """``messages`` held from seq ``base`` on, as a process that caught up from there."""
+    index = Postings(base)
+    for seq, words in enumerate(messages, start=1):
+        if words is not None and seq >= base:
+            index.add(seq, {w: words.count(w) for w in dict.fromkeys(words)}, len(words))
+    return index
+
+
+def load_missing(index: Postings, whole: Postings, missing: Missing, least: int) -> None:
+    """What ``warm.fill`` reads from the stored postings, read from ``whole``."""
+    for term, wanted in sorted(missing.terms.items()):
+        floor = index.floor(term)
+        seqs, tfs = whole.seqs.get(term, []), whole.tfs.get(term, [])
+        older = [(s, t, whole.dls[s]) for s, t in zip(seqs, tfs, strict=True) if s < floor]
+        limit = max(least, wanted, len(index.seqs.get(term, ())))
+        rows = older[::-1][:limit]
+        index.older(term, rows, whole=len(rows) < limit)
+    for seq in missing.forward:
+        index.forward(seq, whole.lexemes.get(seq, ()))
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    messages=st.lists(
+        st.one_of(st.none(), st.lists(st.sampled_from(WORDS), min_size=1, max_size=8)),
+        min_size=10,
+        max_size=120,
+    ),
+    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+    carried=st.sets(st.integers(min_value=1, max_value=130), max_size=40),
+    rolled=st.one_of(st.none(), st.sets(st.integers(min_value=1, max_value=130))),
+    limit=st.integers(min_value=1, max_value=20),
+    hop=st.booleans(),
+    cut=st.integers(min_value=0, max_value=60),
+    held=st.floats(min_value=0, max_value=1),
+    least=st.integers(min_value=1, max_value=40),
+)
+def test_a_search_over_postings_held_in_part_loads_what_it_reads_and_agrees(
+    messages: list[list[str] | None],
+    query: list[str],
+    carried: set[int],
+    rolled: set[int] | None,
+    limit: int,
+    hop: bool,
+    cut: int,
+    held: float,
+    least: int,
+) -> None:
+    """Held from a seq on, older postings loaded a few at a time as a search asks for
+    them (``Missing``): the same seqs and floats as over all of them, a replay's too."""
+    upto = max(1, len(messages) - cut)
+    branch = None if rolled is None else Branch.of(set(range(1, upto + 1)) - rolled, upto)
+    args = {"upto_seq": upto, "exclude": carried, "on_branch": branch, "limit": limit, "hop": hop}
+    whole = built(messages, bulk=False)
+    index = partly(messages, 1 + round(held * len(messages)))  # (held: the newest part)
+    for _ in range(200):
+        try:
+            found = search(index, query, **args)  # type: ignore[arg-type]
+            break
+        except Missing as missing:
+            load_missing(index, whole, missing, least)
+    assert found == search(whole, query, **args)  # type: ignore[arg-type]
+    assert index.count <= whole.count

@@ -50,6 +50,7 @@ from contextledger.store.postgres.warm import (
     gate_open,
     ranked,
 )
+from contextledger.store.postings import Missing
 
 log = structlog.get_logger(__name__)
 
@@ -455,6 +456,16 @@ def sync_sql() -> str:
     return _CATCH_UP.replace(old, new) + FACTS + SYNC_TAIL
 
 
+#: The lexemes of messages by seq, computed as the stored postings were (a second hop
+#: starting from a message whose postings a process holds only in part: ``warm.fill``).
+FORWARD = f"""
+SELECT e.seq, tsvector_to_array({SEARCH_VECTOR})
+  FROM unnest($seqs::bigint[]) g(seq) CROSS JOIN LATERAL (
+        SELECT * FROM {S}.events x
+         WHERE x.session_id = $1 AND x.seq = g.seq AND x.tenant_id = {S}.current_tenant()
+        OFFSET 0) e
+ WHERE e.type = 'message.appended'"""
+
 #: What the warm path's catch-ups left unstored, stored: the postings of the session's
 #: messages above its stored ones (``_CATCH_UP``'s), run after the request that found them
 #: missing (``Search._index_behind``). Self-healing: whatever a lost or failed run did not
@@ -584,14 +595,19 @@ class Search(Lineages):
         """The gate, the ranking on the postings held, the matches' messages by key."""
         if not gate_open(synced, gaps, q.branch):
             return [(CLOSED, 0.0, None, None, None)]
-        found, near = ranked(
-            synced,
-            upto_seq=q.upto_seq,
-            exclude=q.exclude,
-            branch=q.branch,
-            limit=q.limit,
-            hop=q.hop,
-        )
+        while True:
+            try:
+                found, near = ranked(
+                    synced,
+                    upto_seq=q.upto_seq,
+                    exclude=q.exclude,
+                    branch=q.branch,
+                    limit=q.limit,
+                    hop=q.hop,
+                )
+                break
+            except Missing as missing:  # older postings this search reads: loaded, again
+                await self._warm.fill(q.session_id, missing, fetch, FORWARD)
         if not found:
             return []
         values: dict[str, Any] = {"seqs": sorted({s for s, _ in found} | set(near))}

@@ -29,7 +29,7 @@ from typing import Any
 
 from contextledger.store.lexical import neighbours
 from contextledger.store.postgres.statements import S
-from contextledger.store.postings import Branch, Postings, search
+from contextledger.store.postings import Branch, Missing, Postings, search
 
 #: Postings the warm indexes of a process hold at most, every store's sessions together (a
 #: service opens a store per tenant), ~20 bytes each: ~40 MB; a 20,000-turn session of
@@ -60,13 +60,20 @@ UNION ALL SELECT 2, NULL, head, 0, 0, last_hash FROM facts
 UNION ALL SELECT 3, NULL, branch_base, 0, 0, NULL FROM facts
 UNION ALL SELECT 4, NULL, indexed, 0, 0, at_from FROM facts
 UNION ALL SELECT 5, NULL, view_gen, 0, 0, NULL FROM facts"""
-#: A session's stored postings up to the indexed seq, for its first search here: in the
-#: key's order, each lexeme's seqs ascending as ``Postings.extend`` takes them (by seq, the
-#: server sorted them first: a third of the statement, spilled to disk at 1,700 turns).
-LOAD = f"""
-SELECT lexeme, seq, tf::int, dl::int FROM {S}.event_terms
- WHERE session_id = $1 AND tenant_id = {S}.current_tenant() AND seq <= $upto
- ORDER BY lexeme, seq"""
+#: Postings of lexemes older than those a process holds (``Postings.older``): per lexeme
+#: ($terms), the newest $limits of those below its floor ($floors), by the key backwards:
+#: a search's reads, never the session's history.
+OLDER = f"""
+SELECT t.i::int, x.seq, x.tf::int, x.dl::int
+  FROM unnest($terms::text[], $floors::bigint[], $limits::int[]) WITH ORDINALITY t(l, f, k, i)
+ CROSS JOIN LATERAL (
+        SELECT y.seq, y.tf, y.dl FROM {S}.event_terms y
+         WHERE y.session_id = $1 AND y.lexeme = t.l AND y.seq < t.f
+           AND y.tenant_id = {S}.current_tenant()
+         ORDER BY y.seq DESC LIMIT t.k) x"""
+#: A lexeme's older postings read at least this many at a time (and as many as are held
+#: of it, so a search reading far back, a replay's, takes a few steps, not one a posting).
+OLDER_AT_LEAST = 256
 #: Messages of the branch by seq (``{branch}``: the live branch's or a replay's predicate),
 #: each read by its key: as ``seq = ANY($seqs)`` the generic plan took ``seq <= $upto`` for
 #: the index condition and filtered every event of the session (3.7 ms for 58 rows at
@@ -181,9 +188,8 @@ class WarmIndexes:
                 self.forget(session_id)
                 return await self.sync(session_id, query, config, fetch, sql)
             unstored = any(r[1] > indexed for r in fresh)
-            if warm.tip is None:
-                stored = await fetch(LOAD, {"upto": indexed})
-                held.extend((r[0], r[1], r[2], r[3]) for r in stored)
+            if warm.tip is None:  # the stored postings are read as searches need them
+                held.base = indexed + 1
             fresh = sorted((r for r in fresh if r[1] > held.upto), key=lambda r: r[1])
             held.extend(fresh)
             held.upto, warm.tip = head, tip
@@ -196,6 +202,40 @@ class WarmIndexes:
             self._evict(warm)
         on_branch = Branch(warm.base, warm.below) if warm.base else None
         return Synced(held, lexemes, on_branch, unstored, head - indexed)
+
+    async def fill(self, session_id: str, missing: Missing, fetch: Fetch, forward_sql: str) -> None:
+        """What a search of the session's postings found missing (``Postings.older``,
+        ``Postings.forward``), loaded: one statement for the lexemes, one for the
+        messages whose lexemes a second hop needs."""
+        warm = self._held.get(session_id)
+        if warm is None:  # dropped meanwhile: the next sync starts over
+            return
+        async with warm.lock:
+            held = warm.postings
+            terms = [t for t in sorted(missing.terms) if held.floor(t) > 1]
+            if terms:
+                floors = [held.floor(t) for t in terms]
+                limits = [
+                    max(OLDER_AT_LEAST, missing.terms[t], len(held.seqs.get(t, ()))) for t in terms
+                ]
+                values = {"terms": terms, "floors": floors, "limits": limits}
+                rows = await fetch(OLDER, values)
+                found: dict[int, list[tuple[int, int, int]]] = {}
+                for i, seq, tf, dl in rows:
+                    found.setdefault(i, []).append((seq, tf, dl))
+                for i, term in enumerate(terms, start=1):
+                    if held.floor(term) == floors[i - 1]:  # (not loaded meanwhile)
+                        got = found.get(i, [])
+                        held.older(term, got, whole=len(got) < limits[i - 1])
+            seqs = sorted(s for s in missing.forward if s not in held.lexemes)
+            if seqs:
+                read = {r[0]: r[1] for r in await fetch(forward_sql, {"seqs": seqs})}
+                for seq in seqs:
+                    held.forward(seq, read.get(seq) or ())
+            grown, warm.size = held.size - warm.size, held.size
+        if self._held.get(session_id) is warm:
+            _PROCESS.total += grown
+            self._evict(warm)
 
     def _evict(self, keep: _Warm) -> None:
         """The least recently searched sessions of any store dropped, down to the budget."""
@@ -220,7 +260,7 @@ def gate_open(synced: Synced, gaps: Sequence[int] | None, branch: Collection[int
         return True
     held = synced.postings
     keep = set(branch) if branch is not None else synced.on_branch
-    return any(held.is_message(g) and (keep is None or g in keep) for g in gaps)
+    return any(held.may_be_message(g) and (keep is None or g in keep) for g in gaps)
 
 
 def ranked(
