@@ -304,11 +304,12 @@ async def test_a_purge_leaves_no_postings_a_batch_or_a_task_would_have_stored(
     assert await stored(pg_dsn, "r2") == []
 
 
-async def test_a_cold_process_reads_what_its_searches_read_not_the_history(pg_dsn: str) -> None:
-    # A process that did not write the session holds what it catches up with, and loads
-    # a lexeme's older postings newest first as far as a search reads them (a second hop
-    # computes the lexemes of the messages it starts from): the answers are those of the
-    # process that holds them all, live, anchored far back, with a second hop or not.
+async def test_a_cold_process_reads_what_its_searches_read_then_the_rest(pg_dsn: str) -> None:
+    # A process that did not write the session holds what it caught up with; its first
+    # search loads a lexeme's older postings newest first as far as it reads them (a
+    # second hop computes the lexemes of the messages it starts from), and the rest are
+    # read after the request. The answers are those of the process that holds them all:
+    # live, anchored far back, with a second hop or not, before the rest and after.
     words = ["gateway", "answered", "attempt", "code", "orchard", "ledger", "quokka"]
     async with Ledger.open(pg_dsn) as here:
         session = await here.session("long", config={"token_counter": "chars"})
@@ -326,24 +327,39 @@ async def test_a_cold_process_reads_what_its_searches_read_not_the_history(pg_ds
         await session.get_messages_for_request(2000)  # held whole here (nothing stored yet)
         await here.store.wait_indexed()
         head = session.head
-        async with Ledger.open(pg_dsn) as there:
-
-            async def agree(query: str, upto: int) -> None:
-                for hop in (False, True):
-                    args = {**ARGS, "limit": 20, "hop": hop}
-                    warm = await here.store.search_messages(
-                        "long", query, exclude=set(), upto_seq=upto, **args
-                    )
-                    cold = await there.store.search_messages(
-                        "long", query, exclude=set(), upto_seq=upto, **args
-                    )
-                    assert cold == warm and warm[0], (query, upto, hop)
-
-            await agree("gateway attempt code", head)
-            await agree(QUESTION, head)
-            held = pg_store(there)._warm._held["long"].postings
-            whole = pg_store(here)._warm._held["long"].postings
-            assert held.base == head + 1  # all stored before: read as the searches read
-            assert 0 < held.count < whole.count // 4
-            await agree("quokka answered attempt", head // 3)  # back past what was read
-            await agree("orchard code 41", 40)
+        whole = pg_store(here)._warm._held["long"].postings
+        assert whole.base <= 1  # (nothing was stored: held whole from seq 1)
+        searches = [
+            (query, upto, hop)
+            for query, upto in (
+                ("gateway attempt code", head),
+                (QUESTION, head),
+                ("quokka answered attempt", head // 3),  # back past what was read
+                ("orchard code 41", 40),
+            )
+            for hop in (False, True)
+        ]
+        for query, upto, hop in searches:
+            args = {**ARGS, "limit": 20, "hop": hop}
+            warm = await here.store.search_messages(
+                "long", query, exclude=set(), upto_seq=upto, **args
+            )
+            assert warm[0], (query, upto, hop)
+            async with Ledger.open(pg_dsn) as there:  # a first search, each
+                cold = await there.store.search_messages(
+                    "long", query, exclude=set(), upto_seq=upto, **args
+                )
+                held = pg_store(there)._warm._held["long"].postings  # before the rest
+                assert held.base == head + 1 and 0 < held.count < whole.count
+                if upto == head:  # (one anchored far back reads all after its anchor)
+                    assert held.count < whole.count // 4
+                assert cold == warm, (query, upto, hop)
+                await there.store.wait_indexed()  # the rest, read after the search
+                assert held.base == 0 and held.count == whole.count
+                assert {k: set(v) for k, v in held.lexemes.items()} == {
+                    k: set(v) for k, v in whole.lexemes.items()
+                }
+                again = await there.store.search_messages(
+                    "long", query, exclude=set(), upto_seq=upto, **args
+                )
+                assert again == warm

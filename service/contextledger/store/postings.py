@@ -130,6 +130,50 @@ class Postings:
             self.count += len(rows)
         self.floors[term] = 1 if whole or not rows else rows[-1][0]
 
+    def whole_below(self, rows: Iterable[tuple[str, int, int, int]], base: int) -> None:
+        """The stored postings ``(lexeme, seq, tf, dl)`` below ``base`` (this one's), in an
+        order that keeps each lexeme's seqs ascending, the empty lexeme marking each
+        message: those not held yet are added, and the postings are held whole from then
+        on."""
+        if base != self.base:
+            raise ValueError(f"held from seq {self.base}, not {base}")
+        dls, lexemes = self.dls, self.lexemes
+        older: dict[str, tuple[list[int], list[int]]] = {}
+        forward: dict[int, list[str]] = {}
+        for lexeme, seq, tf, dl in rows:
+            if seq >= base:
+                continue
+            if seq >= len(dls):
+                self._room(seq)  # (extends ``dls`` in place)
+            if dls[seq] < 0:
+                self.messages += 1
+                dls[seq] = min(dl, 32767)
+            known = seq in lexemes
+            if not known and seq not in forward:
+                forward[seq] = []
+            if not lexeme:
+                continue
+            lexeme = sys.intern(lexeme)
+            if not known:
+                forward[seq].append(lexeme)
+            if seq < self.floor(lexeme):
+                got = older.get(lexeme)
+                if got is None:
+                    got = older[lexeme] = ([], [])
+                got[0].append(seq)
+                got[1].append(min(tf, 32767))
+        for term, (seqs, tfs) in older.items():
+            held_seqs, held_tfs = array("q", seqs), array("h", tfs)
+            if term in self.seqs:
+                held_seqs.extend(self.seqs[term])
+                held_tfs.extend(self.tfs[term])
+            self.seqs[term], self.tfs[term] = held_seqs, held_tfs
+            self.count += len(seqs)
+        for seq, terms in forward.items():
+            lexemes[seq] = tuple(terms)
+        self.base = 0
+        self.floors.clear()
+
     def forward(self, seq: int, lexemes: Iterable[str]) -> None:
         """The lexemes of message ``seq`` (below ``base``: a second hop starts from it)."""
         self.lexemes[seq] = tuple(sys.intern(t) for t in lexemes if t)

@@ -200,3 +200,45 @@ def test_a_search_over_postings_held_in_part_loads_what_it_reads_and_agrees(
             load_missing(index, whole, missing, least)
     assert found == search(whole, query, **args)  # type: ignore[arg-type]
     assert index.count <= whole.count
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    messages=st.lists(
+        st.one_of(st.none(), st.lists(st.sampled_from(WORDS), max_size=8)),
+        min_size=1,
+        max_size=120,
+    ),
+    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+    held=st.floats(min_value=0, max_value=1),
+    least=st.integers(min_value=1, max_value=40),
+)
+def test_the_rest_of_postings_held_in_part_makes_them_whole(
+    messages: list[list[str] | None], query: list[str], held: float, least: int
+) -> None:
+    """After searches loaded some lexemes' older postings, the stored rows below the
+    hold (as PostgreSQL reads them: by lexeme, then seq) add what is not held yet: the
+    postings are then the whole ones, and a search needs nothing more."""
+    whole = built(messages, bulk=False)
+    base = 1 + round(held * len(messages))
+    index = partly(messages, base)
+    args = {"upto_seq": len(messages), "exclude": (), "on_branch": None, "limit": 5, "hop": True}
+    for _ in range(200):
+        try:
+            search(index, query, **args)  # type: ignore[arg-type]
+            break
+        except Missing as missing:
+            load_missing(index, whole, missing, least)
+    rows = []
+    for seq, words in enumerate(messages, start=1):
+        if words is not None and seq < base:
+            rows.append(("", seq, 0, len(words)))
+            rows.extend((w, seq, words.count(w), len(words)) for w in dict.fromkeys(words))
+    index.whole_below(sorted(rows), base)
+    assert index.base == 0 and not index.floors
+    assert index.seqs == whole.seqs and index.tfs == whole.tfs and index.dls == whole.dls
+    assert index.count == whole.count and index.messages == whole.messages
+    assert {s: set(t) for s, t in index.lexemes.items()} == {
+        s: set(t) for s, t in whole.lexemes.items()
+    }
+    assert search(index, query, **args) == search(whole, query, **args)  # type: ignore[arg-type]

@@ -585,9 +585,20 @@ class Search(Lineages):
             return []
         try:
             return await self._warm_rows(q, gaps, synced, fetch)
-        finally:  # after the request's reads: its connection is back for the task
+        finally:  # after the request's reads: its connection is back for the tasks
             if synced.unstored:
                 self._index_later(q.session_id, synced.lag)
+            if synced.postings.base > 1:  # held in part: the rest read in the background
+                self._warm.complete_later(q.session_id, self._fetch_live(q.session_id))
+
+    def _fetch_live(self, session_id: str) -> Fetch:
+        """A statement by its named values, ``$1`` the session, as a live search's."""
+
+        async def fetch(text: str, values: dict[str, Any]) -> list[asyncpg.Record]:
+            statement, args = bind(text, values, session_id)
+            return await self._run_search(statement, args, live=True)
+
+        return fetch
 
     async def _warm_rows(
         self, q: SearchQuery, gaps: list[int] | None, synced: Synced, fetch: Fetch
@@ -668,20 +679,23 @@ class Search(Lineages):
 
     async def wait_indexed(self, session_id: str | None = None, *, store: bool = True) -> None:
         """Until the postings the searches so far found missing are stored (``session_id``
-        None: every session's): ``close`` and tests that read ``event_terms``. With
-        ``store`` False, only until the running tasks end (a purge, an erasure: what they
-        would store is about to go)."""
+        None: every session's), and the older postings of sessions held in part are read
+        (``WarmIndexes.complete``): ``close`` and tests that read ``event_terms``. With
+        ``store`` False, only until the running tasks end, the session's noted postings
+        forgotten (a purge: what they would store is about to go)."""
         for sid in list(self._unstored):
             if session_id in (None, sid):
                 if store:
                     self._index_behind(sid)
-                else:
+                elif sid == session_id:
                     del self._unstored[sid]
         while True:
             pending = [t for sid, t in self._indexing.items() if session_id in (None, sid)]
             if not pending:
-                return
+                break
             await asyncio.gather(*pending, return_exceptions=True)
+        if store:  # and the older postings of sessions held in part, read
+            await self._warm.wait()
 
     async def _sql_search(self, q: SearchQuery, gaps: list[int] | None) -> list[Any]:
         """The search as one statement (``_SEARCH``; on Citus, ``SEARCH_CALL``)."""

@@ -500,7 +500,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         own. Then this store forgets them."""
         target = session_id
         erased = [session_id]
-        await self.wait_indexed(store=False)  # none stored after the erasure (forks too)
+        await self.wait_indexed(store=False)  # (a sealed session is never searched, but)
         async with self._lock(session_id):
             try:
                 async with self._pool.acquire() as conn, conn.transaction():
@@ -604,6 +604,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
     async def close(self) -> None:
         await self._batcher.wait_idle()  # appends already accepted get their answer
         self._closing = True
+        await self._warm.aclose()  # (a session's older postings being read: not needed)
         await self.wait_indexed()  # postings a search found missing, stored
         while self._idle:
             self._lent -= 1

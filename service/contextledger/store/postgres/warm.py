@@ -27,9 +27,13 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from contextledger.store.lexical import neighbours
 from contextledger.store.postgres.statements import S
 from contextledger.store.postings import Branch, Missing, Postings, search
+
+log = structlog.get_logger(__name__)
 
 #: Postings the warm indexes of a process hold at most, every store's sessions together (a
 #: service opens a store per tenant), ~20 bytes each: ~40 MB; a 20,000-turn session of
@@ -71,6 +75,13 @@ SELECT t.i::int, x.seq, x.tf::int, x.dl::int
          WHERE y.session_id = $1 AND y.lexeme = t.l AND y.seq < t.f
            AND y.tenant_id = {S}.current_tenant()
          ORDER BY y.seq DESC LIMIT t.k) x"""
+#: A session's stored postings below the seq a process holds them from, read after its
+#: first search there, off the request path (``WarmIndexes.complete``): then its searches
+#: read nothing more. In the key's order (each lexeme's seqs ascending).
+BELOW = f"""
+SELECT lexeme, seq, tf::int, dl::int FROM {S}.event_terms
+ WHERE session_id = $1 AND tenant_id = {S}.current_tenant() AND seq < $below
+ ORDER BY lexeme, seq"""
 #: A lexeme's older postings read at least this many at a time (and as many as are held
 #: of it, so a search reading far back, a replay's, takes a few steps, not one a posting).
 OLDER_AT_LEAST = 256
@@ -108,6 +119,8 @@ class _Warm:
     #: when it was last searched (a process-wide count)
     used: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: whether the postings below ``postings.base`` were asked for (``complete_later``)
+    asked: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +157,7 @@ class WarmIndexes:
     def __init__(self, budget: int = WARM_BUDGET) -> None:
         self._held: OrderedDict[str, _Warm] = OrderedDict()
         self._budget = budget
+        self._completing: dict[str, asyncio.Task[None]] = {}
         _PROCESS.indexes.add(self)
 
     def __del__(self) -> None:
@@ -236,6 +250,58 @@ class WarmIndexes:
         if self._held.get(session_id) is warm:
             _PROCESS.total += grown
             self._evict(warm)
+
+    def complete_later(self, session_id: str, fetch: Fetch) -> None:
+        """Read the session's postings below those held in a task (``complete``), once
+        per hold, if they fit the process's budget as it stands."""
+        warm = self._held.get(session_id)
+        if warm is None or warm.asked or warm.postings.base <= 1:
+            return
+        warm.asked = True
+        if session_id not in self._completing:
+            task = asyncio.get_running_loop().create_task(self.complete(session_id, fetch))
+            self._completing[session_id] = task
+
+    async def complete(self, session_id: str, fetch: Fetch) -> None:
+        """The stored postings below those held, read (``BELOW``) and added, unless the
+        session was dropped or started over meanwhile, or they would not fit the budget
+        without dropping others (then its searches go on reading what they need)."""
+        try:
+            warm = self._held.get(session_id)
+            if warm is None:
+                return
+            base = warm.postings.base
+            rows = await fetch(BELOW, {"below": base})
+            if self._held.get(session_id) is not warm or warm.postings.base != base:
+                return
+            if _PROCESS.total + len(rows) > self._budget:
+                return
+            async with warm.lock:
+                held = warm.postings
+                if held.base != base:
+                    return
+                held.whole_below(((r[0], r[1], r[2], r[3]) for r in rows), base)
+                grown, warm.size = held.size - warm.size, held.size
+            if self._held.get(session_id) is warm:
+                _PROCESS.total += grown
+                self._evict(warm)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # its searches read what they need meanwhile
+            log.warning("recall_postings_load_failed", session_id=session_id, error=repr(exc))
+        finally:
+            self._completing.pop(session_id, None)
+
+    async def wait(self) -> None:
+        """Until the loads running now have ended."""
+        await asyncio.gather(*self._completing.values(), return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Stop the loads still running (the store is closing)."""
+        tasks = list(self._completing.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _evict(self, keep: _Warm) -> None:
         """The least recently searched sessions of any store dropped, down to the budget."""
