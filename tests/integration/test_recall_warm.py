@@ -363,3 +363,18 @@ async def test_a_cold_process_reads_what_its_searches_read_then_the_rest(pg_dsn:
                     "long", query, exclude=set(), upto_seq=upto, **args
                 )
                 assert again == warm
+        # a process whose budget the rest would not fit reads only what its searches read
+        async with Ledger.open(pg_dsn) as small:
+            pg_store(small)._warm = WarmIndexes(budget=whole.count // 2)
+            for query, upto, hop in searches[:4]:
+                args = {**ARGS, "limit": 20, "hop": hop}
+                warm = await here.store.search_messages(
+                    "long", query, exclude=set(), upto_seq=upto, **args
+                )
+                found = await small.store.search_messages(
+                    "long", query, exclude=set(), upto_seq=upto, **args
+                )
+                await small.store.wait_indexed()
+                assert found == warm
+                held = pg_store(small)._warm._held["long"].postings
+                assert held.base == head + 1 and held.count < whole.count // 2

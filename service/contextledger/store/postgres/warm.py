@@ -82,6 +82,9 @@ BELOW = f"""
 SELECT lexeme, seq, tf::int, dl::int FROM {S}.event_terms
  WHERE session_id = $1 AND tenant_id = {S}.current_tenant() AND seq < $below
  ORDER BY lexeme, seq"""
+BELOW_COUNT = f"""
+SELECT count(*) FROM {S}.event_terms
+ WHERE session_id = $1 AND tenant_id = {S}.current_tenant() AND seq < $below"""
 #: A lexeme's older postings read at least this many at a time (and as many as are held
 #: of it, so a search reading far back, a replay's, takes a few steps, not one a posting).
 OLDER_AT_LEAST = 256
@@ -271,6 +274,11 @@ class WarmIndexes:
             if warm is None:
                 return
             base = warm.postings.base
+            # counted first (by the key, on the server): not read at all when they would
+            # not fit (they come whole into memory before they are added)
+            (count,) = await fetch(BELOW_COUNT, {"below": base})
+            if _PROCESS.total + count[0] > self._budget:
+                return
             rows = await fetch(BELOW, {"below": base})
             if self._held.get(session_id) is not warm or warm.postings.base != base:
                 return
