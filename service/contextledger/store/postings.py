@@ -131,15 +131,24 @@ class Postings:
         self.floors[term] = 1 if whole or not rows else rows[-1][0]
 
     def whole_below(self, rows: Iterable[tuple[str, int, int, int]], base: int) -> None:
-        """The stored postings ``(lexeme, seq, tf, dl)`` below ``base`` (this one's), in an
-        order that keeps each lexeme's seqs ascending, the empty lexeme marking each
-        message: those not held yet are added, and the postings are held whole from then
-        on."""
+        """The stored postings ``(lexeme, seq, tf, dl)`` below ``base`` (this one's), by
+        lexeme then seq, the empty lexeme marking each message: those not held yet are
+        added, and the postings are held whole from then on (``below`` then
+        ``below_done``, which a caller may call a few lexemes at a time)."""
+        forward: dict[int, list[str]] = {}
+        self.below(rows, base, forward)
+        self.below_done(base, forward)
+
+    def below(
+        self, rows: Iterable[tuple[str, int, int, int]], base: int, forward: dict[int, list[str]]
+    ) -> None:
+        """Of ``whole_below``'s rows, those of some lexemes (each lexeme's all there, its
+        seqs ascending): its postings not held yet added, then held whole; ``forward``
+        gathers each message's lexemes (for ``below_done``)."""
         if base != self.base:
             raise ValueError(f"held from seq {self.base}, not {base}")
         dls, lexemes = self.dls, self.lexemes
         older: dict[str, tuple[list[int], list[int]]] = {}
-        forward: dict[int, list[str]] = {}
         for lexeme, seq, tf, dl in rows:
             if seq >= base:
                 continue
@@ -156,21 +165,29 @@ class Postings:
             lexeme = sys.intern(lexeme)
             if not known:
                 forward[seq].append(lexeme)
+            got = older.get(lexeme)
+            if got is None:
+                got = older[lexeme] = ([], [])
             if seq < self.floor(lexeme):
-                got = older.get(lexeme)
-                if got is None:
-                    got = older[lexeme] = ([], [])
                 got[0].append(seq)
                 got[1].append(min(tf, 32767))
         for term, (seqs, tfs) in older.items():
-            held_seqs, held_tfs = array("q", seqs), array("h", tfs)
-            if term in self.seqs:
-                held_seqs.extend(self.seqs[term])
-                held_tfs.extend(self.tfs[term])
-            self.seqs[term], self.tfs[term] = held_seqs, held_tfs
-            self.count += len(seqs)
+            if seqs:
+                held_seqs, held_tfs = array("q", seqs), array("h", tfs)
+                if term in self.seqs:
+                    held_seqs.extend(self.seqs[term])
+                    held_tfs.extend(self.tfs[term])
+                self.seqs[term], self.tfs[term] = held_seqs, held_tfs
+                self.count += len(seqs)
+            self.floors[term] = 1
+
+    def below_done(self, base: int, forward: Mapping[int, Sequence[str]]) -> None:
+        """``whole_below``'s end: every message's lexemes known, every posting held."""
+        if base != self.base:
+            raise ValueError(f"held from seq {self.base}, not {base}")
         for seq, terms in forward.items():
-            lexemes[seq] = tuple(terms)
+            if seq not in self.lexemes:
+                self.lexemes[seq] = tuple(terms)
         self.base = 0
         self.floors.clear()
 

@@ -209,36 +209,65 @@ def test_a_search_over_postings_held_in_part_loads_what_it_reads_and_agrees(
         min_size=1,
         max_size=120,
     ),
-    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+    queries=st.lists(
+        st.lists(st.sampled_from(WORDS), min_size=1, max_size=6), min_size=1, max_size=4
+    ),
     held=st.floats(min_value=0, max_value=1),
     least=st.integers(min_value=1, max_value=40),
+    steps=st.integers(min_value=1, max_value=5),
 )
 def test_the_rest_of_postings_held_in_part_makes_them_whole(
-    messages: list[list[str] | None], query: list[str], held: float, least: int
+    messages: list[list[str] | None],
+    queries: list[list[str]],
+    held: float,
+    least: int,
+    steps: int,
 ) -> None:
-    """After searches loaded some lexemes' older postings, the stored rows below the
-    hold (as PostgreSQL reads them: by lexeme, then seq) add what is not held yet: the
-    postings are then the whole ones, and a search needs nothing more."""
+    """The stored rows below the hold (as PostgreSQL reads them: by lexeme, then seq),
+    added a few lexemes at a time while searches load older postings in between, make
+    the postings the whole ones: the answers are the same all along, and at the end a
+    search needs nothing more."""
     whole = built(messages, bulk=False)
     base = 1 + round(held * len(messages))
     index = partly(messages, base)
     args = {"upto_seq": len(messages), "exclude": (), "on_branch": None, "limit": 5, "hop": True}
-    for _ in range(200):
-        try:
-            search(index, query, **args)  # type: ignore[arg-type]
-            break
-        except Missing as missing:
-            load_missing(index, whole, missing, least)
+
+    def searched(query: list[str]) -> list[tuple[int, float]]:
+        for _ in range(200):
+            try:
+                return search(index, query, **args)  # type: ignore[arg-type]
+            except Missing as missing:
+                load_missing(index, whole, missing, least)
+        raise AssertionError("a search that never had what it needs")
+
     rows = []
     for seq, words in enumerate(messages, start=1):
         if words is not None and seq < base:
             rows.append(("", seq, 0, len(words)))
             rows.extend((w, seq, words.count(w), len(words)) for w in dict.fromkeys(words))
-    index.whole_below(sorted(rows), base)
+    rows.sort()
+    lexemes = sorted({r[0] for r in rows})
+    cuts = [lexemes[i * len(lexemes) // steps] for i in range(1, steps)] if lexemes else []
+    forward: dict[int, list[str]] = {}
+    for i, query in enumerate(queries):
+        assert searched(query) == search(whole, query, **args)  # type: ignore[arg-type]
+        lo = "" if i == 0 else cuts[i - 1] if i - 1 < len(cuts) else None
+        hi = cuts[i] if i < len(cuts) else None
+        if lo is not None:
+            index.below(
+                [r for r in rows if r[0] >= lo and (hi is None or r[0] < hi)], base, forward
+            )
+    index.below(
+        [r for r in rows if len(queries) - 1 < len(cuts) and r[0] >= cuts[len(queries) - 1]],
+        base,
+        forward,
+    )
+    index.below_done(base, forward)
     assert index.base == 0 and not index.floors
     assert index.seqs == whole.seqs and index.tfs == whole.tfs and index.dls == whole.dls
     assert index.count == whole.count and index.messages == whole.messages
     assert {s: set(t) for s, t in index.lexemes.items()} == {
         s: set(t) for s, t in whole.lexemes.items()
     }
-    assert search(index, query, **args) == search(whole, query, **args)  # type: ignore[arg-type]
+    for query in queries:
+        assert search(index, query, **args) == search(whole, query, **args)  # type: ignore[arg-type]

@@ -82,6 +82,8 @@ BELOW = f"""
 SELECT lexeme, seq, tf::int, dl::int FROM {S}.event_terms
  WHERE session_id = $1 AND tenant_id = {S}.current_tenant() AND seq < $below
  ORDER BY lexeme, seq"""
+#: Rows of ``BELOW`` added between two turns of the event loop (~20 ms of Python).
+MERGE_STEP = 50_000
 BELOW_COUNT = f"""
 SELECT count(*) FROM {S}.event_terms
  WHERE session_id = $1 AND tenant_id = {S}.current_tenant() AND seq < $below"""
@@ -284,15 +286,23 @@ class WarmIndexes:
                 return
             if _PROCESS.total + len(rows) > self._budget:
                 return
-            async with warm.lock:
-                held = warm.postings
-                if held.base != base:
+            # a few lexemes at a time, the loop let go between (a long session's are
+            # millions: one step would hold up every other request of the process)
+            held, at = warm.postings, 0
+            forward: dict[int, list[str]] = {}
+            while at < len(rows):
+                if self._held.get(session_id) is not warm or held.base != base:
                     return
-                held.whole_below(((r[0], r[1], r[2], r[3]) for r in rows), base)
-                grown, warm.size = held.size - warm.size, held.size
-            if self._held.get(session_id) is warm:
-                _PROCESS.total += grown
-                self._evict(warm)
+                end = min(at + MERGE_STEP, len(rows))
+                while end < len(rows) and rows[end][0] == rows[end - 1][0]:
+                    end += 1  # (a lexeme's rows in one step)
+                held.below(((r[0], r[1], r[2], r[3]) for r in rows[at:end]), base, forward)
+                at = end
+                self._account(session_id, warm)
+                await asyncio.sleep(0)
+            if self._held.get(session_id) is warm and held.base == base:
+                held.below_done(base, forward)
+                self._account(session_id, warm)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # its searches read what they need meanwhile
@@ -310,6 +320,13 @@ class WarmIndexes:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _account(self, session_id: str, warm: _Warm) -> None:
+        """``warm``'s growth counted in the process's total (if it is still held here)."""
+        grown, warm.size = warm.postings.size - warm.size, warm.postings.size
+        if self._held.get(session_id) is warm:
+            _PROCESS.total += grown
+            self._evict(warm)
 
     def _evict(self, keep: _Warm) -> None:
         """The least recently searched sessions of any store dropped, down to the budget."""
