@@ -386,6 +386,11 @@ async def indexed(ledger: Ledger, dsn: str, session_id: str) -> list[int]:
     """The seqs whose postings are stored, once what the searches so far found missing
     is (the warm path stores it after the request)."""
     await ledger.store.wait_indexed()
+    return await stored(dsn, session_id)
+
+
+async def stored(dsn: str, session_id: str) -> list[int]:
+    """The seqs whose postings are stored now (nothing waited for)."""
     conn = await asyncpg.connect(asyncpg_dsn(dsn))
     try:
         rows = await conn.fetch(

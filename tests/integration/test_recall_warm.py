@@ -6,13 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contextledger import Ledger
 from contextledger.core.events import MessageAppended, SessionCreated
-from contextledger.store.dsn import asyncpg_dsn
 from contextledger.store.lexical import DEEP_LIMIT
 from contextledger.store.postgres import PostgresStore
 from contextledger.store.postgres.search import INDEX_BATCH
@@ -25,6 +23,7 @@ from tests.integration.test_recall import (
     message_seqs,
     planted,
     recall_blocks,
+    stored,
 )
 
 ARGS: dict[str, Any] = {"limit": 10, "text_config": "english", "branch": None}
@@ -224,20 +223,6 @@ async def test_searched_along_the_way_or_cold_the_answer_is_the_same(
             assert warm == await cold_search(pg_dsn, sid, query, upto)
             mem = await memory.store.search(sid, query, exclude=set(), upto_seq=upto, **ARGS)
             assert [s for s, _ in warm[0]] == [s for s, _ in mem]
-
-
-async def stored(dsn: str, session_id: str) -> list[int]:
-    """The seqs whose postings are stored now (nothing waited for)."""
-    conn = await asyncpg.connect(asyncpg_dsn(dsn))
-    try:
-        rows = await conn.fetch(
-            "SELECT seq FROM contextledger.event_terms WHERE session_id = $1 AND lexeme = ''"
-            " ORDER BY seq",
-            session_id,
-        )
-        return [r[0] for r in rows]
-    finally:
-        await conn.close()
 
 
 async def test_postings_are_stored_after_the_request_a_batch_at_a_time(pg_dsn: str) -> None:

@@ -63,6 +63,14 @@ def reference(
     return found + [(s, -x) for s, x in ranked(again, lexical.HOP_LIMIT, specific=True)]
 
 
+#: A search's arguments: the query, what the request carries, a rollback, how many, a hop.
+SEARCHES = {
+    "query": st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+    "carried": st.sets(st.integers(min_value=1, max_value=130), max_size=40),
+    "rolled": st.one_of(st.none(), st.sets(st.integers(min_value=1, max_value=130))),
+    "limit": st.integers(min_value=1, max_value=20),
+    "hop": st.booleans(),
+}
 docs = st.lists(
     st.one_of(st.none(), st.lists(st.sampled_from(WORDS), max_size=8)), min_size=1, max_size=120
 )
@@ -90,11 +98,7 @@ def built(messages: list[list[str] | None], *, bulk: bool) -> Postings:
 @settings(max_examples=examples(300), deadline=None)
 @given(
     messages=docs,
-    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
-    carried=st.sets(st.integers(min_value=1, max_value=130), max_size=40),
-    rolled=st.one_of(st.none(), st.sets(st.integers(min_value=1, max_value=130))),
-    limit=st.integers(min_value=1, max_value=20),
-    hop=st.booleans(),
+    **SEARCHES,
     cut=st.integers(min_value=0, max_value=20),
 )
 def test_the_array_search_is_the_rules_posting_by_posting(
@@ -165,11 +169,7 @@ def load_missing(index: Postings, whole: Postings, missing: Missing, least: int)
         min_size=10,
         max_size=120,
     ),
-    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
-    carried=st.sets(st.integers(min_value=1, max_value=130), max_size=40),
-    rolled=st.one_of(st.none(), st.sets(st.integers(min_value=1, max_value=130))),
-    limit=st.integers(min_value=1, max_value=20),
-    hop=st.booleans(),
+    **SEARCHES,
     cut=st.integers(min_value=0, max_value=60),
     held=st.floats(min_value=0, max_value=1),
     least=st.integers(min_value=1, max_value=40),

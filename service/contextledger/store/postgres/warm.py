@@ -2,16 +2,18 @@
 
 The one-statement search (``search.py``) scored BM25 in SQL over every posting it read:
 ~8 ms a request at 1,000 turns and growing with the deep read (12.9 ms at 5,000). Here
-the statement only catches the postings up (the new messages' vectors, stored as before)
-and returns them with the query's lexemes; the process keeps each session's postings
-(``postings.Postings``) and ranks them with ``memory://``'s code (``postings.search``), then
-reads the matches' messages by key. A session's first search in a process loads its
-stored postings once (O(history), one statement); after that a search reads only what
-was appended since, whoever appended it.
+a statement only catches the postings up (the new messages' postings, computed from
+their events) and returns them with the query's lexemes; the process keeps each
+session's postings (``postings.Postings``) and ranks them with ``memory://``'s code
+(``postings.search``), then reads the matches' messages by key.
 
-The catch-up only reads: storing the new messages' postings (for the next process's first
-load) runs after the request, in the background (``Search._index_behind``), so a request
-no longer waits for the insert (~1.4 ms of server time for two messages' ~110 postings).
+Nothing on the request path writes or reads the history whole:
+- the new messages' postings are stored after the request, a batch at a time
+  (``Search._index_later``), for the next process that searches the session;
+- a process that did not hold the session from its start holds it from where it caught
+  up (``Postings.base``): a search that reads further back loads those lexemes' older
+  postings newest first by the key (``Missing``, ``fill``), then the rest is read in a
+  task and added a few lexemes at a time, if it fits the process's budget (``complete``).
 
 Live searches and replays take this path alike, so ``request_at`` rebuilds the block the
 live request made. Citus and other text search configurations keep the SQL search.
@@ -38,10 +40,10 @@ log = structlog.get_logger(__name__)
 #: Postings the warm indexes of a process hold at most, every store's sessions together (a
 #: service opens a store per tenant), ~20 bytes each: ~40 MB; a 20,000-turn session of
 #: bench/turns.py's text holds ~1.8 million. The least recently searched sessions are
-#: dropped first (their next search loads them again).
+#: dropped first (their next search reads again what it needs).
 WARM_BUDGET = 2_000_000
 #: The search's catch-up (``search._CATCH_UP``), started after the seq the process holds
-#: postings up to ($from; NULL, none held yet: after the stored ones, which it loads), and
+#: postings up to ($from; NULL, none held yet: after the stored ones, read as needed), and
 #: what a sync checks the held postings against: the head and its hash, the branch's base
 #: and view generation, the hash at $from (still the chain this process read?).
 FROM_HELD = (
