@@ -3,6 +3,7 @@ holds agree with the ledger whoever appended, and with a process that loads them
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from contextledger import Ledger
 from contextledger.core.events import MessageAppended, SessionCreated
-from contextledger.store.lexical import DEEP_LIMIT
+from contextledger.store.lexical import DEEP_LIMIT, PER_TERM
 from contextledger.store.postgres import PostgresStore
 from contextledger.store.postgres.search import INDEX_BATCH
 from contextledger.store.postgres.warm import WarmIndexes
@@ -363,3 +364,37 @@ async def test_a_cold_process_reads_what_its_searches_read_then_the_rest(pg_dsn:
                 assert found == warm
                 held = pg_store(small)._warm._held["long"].postings
                 assert held.base == head + 1 and held.count < whole.count // 2
+
+
+async def test_searches_whose_postings_are_dropped_meanwhile_still_answer(pg_dsn: str) -> None:
+    # Two sessions searched at once by a process with room for one: each one's catch-up
+    # drops the other's hold while that search still needs older postings; the search goes
+    # on with the postings it has (loaded into them), and answers as the writer does.
+    words = ["gateway", "answered", "attempt", "code", "orchard", "ledger", "quokka"]
+    async with Ledger.open(pg_dsn) as here:
+        heads = {}
+        for sid in ("la", "lb"):
+            session = await here.session(sid, config={"token_counter": "chars"})
+            await session.add_messages(
+                [
+                    {"role": "user", "content": f"{sid} {words[i % 7]} attempt {i} code {i % 31}"}
+                    for i in range(3 * PER_TERM * 7)
+                ]
+            )
+            await session.get_messages_for_request(2000)
+            heads[sid] = session.head
+        await here.store.wait_indexed()
+        args = {**ARGS, "limit": 20, "hop": True}
+
+        async def search(store: Any, sid: str) -> Any:
+            return await store.search_messages(
+                sid, "quokka attempt code 17", exclude=set(), upto_seq=heads[sid], **args
+            )
+
+        async with Ledger.open(pg_dsn) as there:
+            pg_store(there)._warm = WarmIndexes(budget=1)
+            found = await asyncio.wait_for(
+                asyncio.gather(search(there.store, "la"), search(there.store, "lb")), 60
+            )
+            assert list(found) == [await search(here.store, "la"), await search(here.store, "lb")]
+            assert all(f[0] for f in found)

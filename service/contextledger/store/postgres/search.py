@@ -94,6 +94,10 @@ CLOSED = -1
 RECHECK_AFTER = 64
 #: Sessions whose closed gate a store remembers (the oldest is forgotten first).
 MAX_REMEMBERED = 4096
+#: Rounds of loads (``WarmIndexes.fill``) one search may take: a lexeme's read doubles
+#: what it holds each round, so a replay at the start of a long session takes ~log2 of
+#: its postings; past this, a bug.
+MAX_FILLS = 100
 #: The warm path stores a session's new postings once its head is this many seqs past the
 #: stored ones (``Search._index_later``): ~16 turns a statement, after the request. A
 #: process's first search of the session computes at most these (and whatever its
@@ -120,7 +124,9 @@ POSTINGS = """
       FROM {src} v"""
 #: Postings are not written by appends (0006, 0010: the parser would run in every append):
 #: the search indexes the session's message events above its highest indexed seq, up to
-#: the session's head, itself, in the same statement, reading each by its key in a LATERAL
+#: the session's head (the SQL search in the same statement; the warm path, ``warm.py``,
+#: computes them in its catch-up and stores them after the request, ``INDEX_BEHIND``,
+#: built from this), reading each by its key in a LATERAL
 #: lookup (as a range ``seq > upto``, the generic plan scanned the events table: 15 of an 18
 #: ms search at 20,000 turns; as ``seq = ANY(array)``, PostgreSQL 15's generic plan for a
 #: table not yet analyzed filtered every event of the session). Events of a session are
@@ -456,8 +462,9 @@ def sync_sql() -> str:
     return _CATCH_UP.replace(old, new) + FACTS + SYNC_TAIL
 
 
-#: The lexemes of messages by seq, computed as the stored postings were (a second hop
-#: starting from a message whose postings a process holds only in part: ``warm.fill``).
+#: The lexemes of messages by seq, computed with the search vector the catch-ups use (a
+#: second hop starting from a message whose postings a process holds only in part:
+#: ``warm.fill``; postings stored by an older vector differ only as those did).
 FORWARD = f"""
 SELECT e.seq, tsvector_to_array({SEARCH_VECTOR})
   FROM unnest($seqs::bigint[]) g(seq) CROSS JOIN LATERAL (
@@ -469,8 +476,16 @@ SELECT e.seq, tsvector_to_array({SEARCH_VECTOR})
 #: What the warm path's catch-ups left unstored, stored: the postings of the session's
 #: messages above its stored ones (``_CATCH_UP``'s), run after the request that found them
 #: missing (``Search._index_behind``). Self-healing: whatever a lost or failed run did not
-#: store, the next one does (the stored postings stay a prefix of the messages).
-INDEX_BEHIND = _CATCH_UP + _STORE_FRESH.rstrip().rstrip(",") + "\nSELECT count(*) FROM fresh"
+#: store, the next one does (the stored postings stay a prefix of the messages). The
+#: session's row is read FOR KEY SHARE (appends, which update it, are not held up): a
+#: purge (FOR UPDATE, then the row deleted) waits for it and deletes what it stored, or
+#: goes first, and it then finds no head and stores nothing; in any process.
+_HEAD = f"WHERE h.session_id = $1 AND h.tenant_id = {S}.current_tenant()))"
+INDEX_BEHIND = (
+    _CATCH_UP.replace(_HEAD, _HEAD[:-2] + " FOR KEY SHARE))")
+    + _STORE_FRESH.rstrip().rstrip(",")
+    + "\nSELECT count(*) FROM fresh"
+)
 
 
 class Search(Lineages):
@@ -606,7 +621,7 @@ class Search(Lineages):
         """The gate, the ranking on the postings held, the matches' messages by key."""
         if not gate_open(synced, gaps, q.branch):
             return [(CLOSED, 0.0, None, None, None)]
-        while True:
+        for _ in range(MAX_FILLS):
             try:
                 found, near = ranked(
                     synced,
@@ -618,7 +633,9 @@ class Search(Lineages):
                 )
                 break
             except Missing as missing:  # older postings this search reads: loaded, again
-                await self._warm.fill(q.session_id, missing, fetch, FORWARD)
+                await self._warm.fill(synced, missing, fetch, FORWARD)
+        else:  # (each round loads more: a bug, said, not a request that never ends)
+            raise RuntimeError(f"recall: {MAX_FILLS} rounds of loads for one search")
         if not found:
             return []
         values: dict[str, Any] = {"seqs": sorted({s for s, _ in found} | set(near))}
@@ -637,6 +654,8 @@ class Search(Lineages):
         ``INDEX_BATCH`` seqs past them (one statement for several turns, run after the
         request: ``_index_behind``); until then they are noted (``wait_indexed`` and
         ``close`` store them)."""
+        if self._closing:  # (``close`` stores what was noted; a late search's is left)
+            return
         if lag >= INDEX_BATCH:
             self._index_behind(session_id)
             return
@@ -679,10 +698,11 @@ class Search(Lineages):
 
     async def wait_indexed(self, session_id: str | None = None, *, store: bool = True) -> None:
         """Until the postings the searches so far found missing are stored (``session_id``
-        None: every session's), and the older postings of sessions held in part are read
-        (``WarmIndexes.complete``): ``close`` and tests that read ``event_terms``. With
-        ``store`` False, only until the running tasks end, the session's noted postings
-        forgotten (a purge: what they would store is about to go)."""
+        None: every session's), and the rest of the postings of sessions held in part are
+        read (``WarmIndexes.complete``, unless closing: ``close`` stops those first):
+        ``close`` and tests that read ``event_terms``. With ``store`` False, only until
+        the running tasks end, ``session_id``'s noted postings forgotten (a purge: what
+        they would store is about to go; ``INDEX_BEHIND`` holds off a purge meanwhile)."""
         for sid in list(self._unstored):
             if session_id in (None, sid):
                 if store:

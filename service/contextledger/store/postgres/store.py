@@ -441,7 +441,7 @@ class PostgresStore(Appends, Reads, Search, Vectors):
     @translated
     async def purge(self, session_id: str, reason: str) -> int:
         """The audited purge path (see the migration): removes a session entirely."""
-        await self.wait_indexed(session_id, store=False)  # none stored after the purge
+        await self.wait_indexed(session_id, store=False)  # (and INDEX_BEHIND's row lock)
         async with self._lock(session_id), self._pool.acquire() as conn, conn.transaction():
             # the row locked first: a fork being created (its parent read FOR SHARE)
             # either committed before, and is listed, or finds the parent gone

@@ -37,6 +37,10 @@ from contextledger.store.postings import Branch, Missing, Postings, search
 
 log = structlog.get_logger(__name__)
 
+#: Rows of ``BELOW`` a page: what the process holds in rows at once while it reads the
+#: rest of a session's postings (~150 bytes a row before they become ~20 a posting).
+BELOW_PAGE = 50_000
+
 #: Postings the warm indexes of a process hold at most, every store's sessions together (a
 #: service opens a store per tenant), ~20 bytes each: ~40 MB; a 20,000-turn session of
 #: bench/turns.py's text holds ~1.8 million. The least recently searched sessions are
@@ -76,16 +80,17 @@ SELECT t.i::int, x.seq, x.tf::int, x.dl::int
         SELECT y.seq, y.tf, y.dl FROM {S}.event_terms y
          WHERE y.session_id = $1 AND y.lexeme = t.l AND y.seq < t.f
            AND y.tenant_id = {S}.current_tenant()
-         ORDER BY y.seq DESC LIMIT t.k) x"""
+         ORDER BY y.seq DESC LIMIT t.k) x
+ ORDER BY t.i, x.seq DESC"""
 #: A session's stored postings below the seq a process holds them from, read after its
 #: first search there, off the request path (``WarmIndexes.complete``): then its searches
-#: read nothing more. In the key's order (each lexeme's seqs ascending).
+#: read nothing more. A page at a time in the key's order, from after ($lexeme, $seq):
+#: one index range a page, whatever the history (each lexeme's seqs ascending).
 BELOW = f"""
 SELECT lexeme, seq, tf::int, dl::int FROM {S}.event_terms
- WHERE session_id = $1 AND tenant_id = {S}.current_tenant() AND seq < $below
- ORDER BY lexeme, seq"""
-#: Rows of ``BELOW`` added between two turns of the event loop (~20 ms of Python).
-MERGE_STEP = 50_000
+ WHERE session_id = $1 AND tenant_id = {S}.current_tenant()
+   AND (lexeme, seq) > ($lexeme::text, $seq::bigint) AND seq < $below
+ ORDER BY lexeme, seq LIMIT {BELOW_PAGE}"""
 BELOW_COUNT = f"""
 SELECT count(*) FROM {S}.event_terms
  WHERE session_id = $1 AND tenant_id = {S}.current_tenant() AND seq < $below"""
@@ -134,6 +139,7 @@ class _Warm:
 class Synced:
     """A search's catch-up: the query's lexemes and the session's branch (None: all)."""
 
+    session_id: str
     postings: Postings
     lexemes: list[str]
     on_branch: Branch | None
@@ -156,6 +162,19 @@ class _Process:
 
 
 _PROCESS = _Process()
+#: One session's rest read at a time in a process (per event loop): loads that all passed
+#: the budget check at once would overcommit it, and each holds a search connection.
+_LOADING: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _loading() -> asyncio.Lock:
+    loop = asyncio.get_running_loop()
+    lock = _LOADING.get(loop)
+    if lock is None:
+        lock = _LOADING[loop] = asyncio.Lock()
+    return lock
 
 
 class WarmIndexes:
@@ -164,7 +183,8 @@ class WarmIndexes:
     def __init__(self, budget: int = WARM_BUDGET) -> None:
         self._held: OrderedDict[str, _Warm] = OrderedDict()
         self._budget = budget
-        self._completing: dict[str, asyncio.Task[None]] = {}
+        self._completing: set[asyncio.Task[None]] = set()
+        self._closed = False
         _PROCESS.indexes.add(self)
 
     def __del__(self) -> None:
@@ -222,17 +242,18 @@ class WarmIndexes:
             _PROCESS.total += grown
             self._evict(warm)
         on_branch = Branch(warm.base, warm.below) if warm.base else None
-        return Synced(held, lexemes, on_branch, unstored, head - indexed)
+        return Synced(session_id, held, lexemes, on_branch, unstored, head - indexed)
 
-    async def fill(self, session_id: str, missing: Missing, fetch: Fetch, forward_sql: str) -> None:
-        """What a search of the session's postings found missing (``Postings.older``,
-        ``Postings.forward``), loaded: one statement for the lexemes, one for the
-        messages whose lexemes a second hop needs."""
-        warm = self._held.get(session_id)
-        if warm is None:  # dropped meanwhile: the next sync starts over
-            return
-        async with warm.lock:
-            held = warm.postings
+    async def fill(self, synced: Synced, missing: Missing, fetch: Fetch, forward_sql: str) -> None:
+        """What a search of ``synced``'s postings found missing (``Postings.older``,
+        ``Postings.forward``), loaded into them (held here or dropped meanwhile: the
+        search goes on with them either way): one statement for the lexemes, one for the
+        messages whose lexemes a second hop needs. Each call lowers a lexeme's floor or
+        completes it, or adds a message's lexemes, so a search's rounds end."""
+        held = synced.postings
+        warm = self._holding(synced)
+        async with warm.lock if warm is not None else asyncio.Lock():
+            progress = False
             terms = [t for t in sorted(missing.terms) if held.floor(t) > 1]
             if terms:
                 floors = [held.floor(t) for t in terms]
@@ -248,77 +269,86 @@ class WarmIndexes:
                     if held.floor(term) == floors[i - 1]:  # (not loaded meanwhile)
                         got = found.get(i, [])
                         held.older(term, got, whole=len(got) < limits[i - 1])
+                    progress = True
             seqs = sorted(s for s in missing.forward if s not in held.lexemes)
             if seqs:
                 read = {r[0]: r[1] for r in await fetch(forward_sql, {"seqs": seqs})}
                 for seq in seqs:
                     held.forward(seq, read.get(seq) or ())
-            grown, warm.size = held.size - warm.size, held.size
-        if self._held.get(session_id) is warm:
-            _PROCESS.total += grown
-            self._evict(warm)
+                progress = True
+            if not progress and (missing.terms or missing.forward):
+                raise RuntimeError(f"recall: nothing to load for {missing!r}")  # (a bug)
+        if warm is not None:
+            self._account(synced.session_id, warm)
+
+    def _holding(self, synced: Synced) -> _Warm | None:
+        """The hold ``synced`` came from, if it is still the one held here."""
+        warm = self._held.get(synced.session_id)
+        return warm if warm is not None and warm.postings is synced.postings else None
 
     def complete_later(self, session_id: str, fetch: Fetch) -> None:
-        """Read the session's postings below those held in a task (``complete``), once
-        per hold, if they fit the process's budget as it stands."""
+        """Read the rest of the session's postings (below those held) in a task
+        (``complete``), once per hold, unless this store is closing."""
         warm = self._held.get(session_id)
-        if warm is None or warm.asked or warm.postings.base <= 1:
+        if self._closed or warm is None or warm.asked or warm.postings.base <= 1:
             return
         warm.asked = True
-        if session_id not in self._completing:
-            task = asyncio.get_running_loop().create_task(self.complete(session_id, fetch))
-            self._completing[session_id] = task
+        task = asyncio.get_running_loop().create_task(self.complete(session_id, warm, fetch))
+        self._completing.add(task)
+        task.add_done_callback(self._completing.discard)
 
-    async def complete(self, session_id: str, fetch: Fetch) -> None:
-        """The stored postings below those held, read (``BELOW``) and added, unless the
-        session was dropped or started over meanwhile, or they would not fit the budget
-        without dropping others (then its searches go on reading what they need)."""
+    async def complete(self, session_id: str, warm: _Warm, fetch: Fetch) -> None:
+        """The stored postings below those ``warm`` holds, read and added: one session at
+        a time in the process; counted on the server first, and not read when they would
+        not fit the budget without dropping others (then its searches go on reading what
+        they need); read a page at a time by the key (``BELOW``), each page's whole
+        lexemes added at once, the event loop let go between. Given up when the session
+        is dropped or started over meanwhile."""
         try:
-            warm = self._held.get(session_id)
-            if warm is None:
-                return
-            base = warm.postings.base
-            # counted first (by the key, on the server): not read at all when they would
-            # not fit (they come whole into memory before they are added)
-            (count,) = await fetch(BELOW_COUNT, {"below": base})
-            if _PROCESS.total + count[0] > self._budget:
-                return
-            rows = await fetch(BELOW, {"below": base})
-            if self._held.get(session_id) is not warm or warm.postings.base != base:
-                return
-            if _PROCESS.total + len(rows) > self._budget:
-                return
-            # a few lexemes at a time, the loop let go between (a long session's are
-            # millions: one step would hold up every other request of the process)
-            held, at = warm.postings, 0
-            forward: dict[int, list[str]] = {}
-            while at < len(rows):
-                if self._held.get(session_id) is not warm or held.base != base:
+            async with _loading():
+                base = warm.postings.base
+                (count,) = await fetch(BELOW_COUNT, {"below": base})
+                if self._held.get(session_id) is not warm or warm.postings.base != base:
                     return
-                end = min(at + MERGE_STEP, len(rows))
-                while end < len(rows) and rows[end][0] == rows[end - 1][0]:
-                    end += 1  # (a lexeme's rows in one step)
-                held.below(((r[0], r[1], r[2], r[3]) for r in rows[at:end]), base, forward)
-                at = end
-                self._account(session_id, warm)
-                await asyncio.sleep(0)
-            if self._held.get(session_id) is warm and held.base == base:
+                if _PROCESS.total + count[0] > self._budget:
+                    return
+                held, after = warm.postings, ("", 0)
+                forward: dict[int, list[str]] = {}
+                carried: list[Any] = []  # a lexeme's rows a page ended in the middle of
+                while True:
+                    values = {"below": base, "lexeme": after[0], "seq": after[1]}
+                    page = await fetch(BELOW, values)
+                    if self._held.get(session_id) is not warm or held.base != base:
+                        return
+                    rows = carried + list(page)
+                    last = len(page) < BELOW_PAGE
+                    if page:
+                        after = (page[-1][0], page[-1][1])
+                    cut = len(rows)
+                    if not last:  # the last lexeme may go on in the next page
+                        while cut > 0 and rows[cut - 1][0] == after[0]:
+                            cut -= 1
+                    held.below(((r[0], r[1], r[2], r[3]) for r in rows[:cut]), base, forward)
+                    carried = rows[cut:]
+                    self._account(session_id, warm)
+                    if last:
+                        break
+                    await asyncio.sleep(0)
                 held.below_done(base, forward)
                 self._account(session_id, warm)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # its searches read what they need meanwhile
             log.warning("recall_postings_load_failed", session_id=session_id, error=repr(exc))
-        finally:
-            self._completing.pop(session_id, None)
 
     async def wait(self) -> None:
         """Until the loads running now have ended."""
-        await asyncio.gather(*self._completing.values(), return_exceptions=True)
+        await asyncio.gather(*self._completing, return_exceptions=True)
 
     async def aclose(self) -> None:
-        """Stop the loads still running (the store is closing)."""
-        tasks = list(self._completing.values())
+        """Stop the loads still running, and start no more (the store is closing)."""
+        self._closed = True
+        tasks = list(self._completing)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
