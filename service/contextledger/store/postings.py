@@ -115,20 +115,27 @@ class Postings:
             if rows[0][0] >= self.floor(term):
                 raise ValueError(f"postings of {term!r} from seq {rows[0][0]} are held")
             self._room(rows[0][0])
-            dls = self.dls
             for seq, _, dl in rows:
-                self.messages += dls[seq] < 0
-                dls[seq] = min(dl, 32767)
-            term = sys.intern(term)
-            seqs = array("q", [r[0] for r in reversed(rows)])
-            tfs = array("h", [min(r[1], 32767) for r in reversed(rows)])
-            held = self.seqs.get(term)
-            if held is not None:
-                seqs.extend(held)
-                tfs.extend(self.tfs[term])
-            self.seqs[term], self.tfs[term] = seqs, tfs
-            self.count += len(rows)
+                self._length(seq, dl)
+            self._prepend(
+                sys.intern(term), [r[0] for r in reversed(rows)], [r[1] for r in reversed(rows)]
+            )
         self.floors[term] = 1 if whole or not rows else rows[-1][0]
+
+    def _length(self, seq: int, dl: int) -> None:
+        """Message ``seq``'s length, as a row read back says (counted once)."""
+        if self.dls[seq] < 0:
+            self.messages += 1
+            self.dls[seq] = min(dl, 32767)
+
+    def _prepend(self, term: str, seqs: list[int], tfs: list[int]) -> None:
+        """``term``'s postings older than those held (ascending) put before them."""
+        held_seqs, held_tfs = array("q", seqs), array("h", (min(tf, 32767) for tf in tfs))
+        if term in self.seqs:
+            held_seqs.extend(self.seqs[term])
+            held_tfs.extend(self.tfs[term])
+        self.seqs[term], self.tfs[term] = held_seqs, held_tfs
+        self.count += len(seqs)
 
     def whole_below(self, rows: Iterable[tuple[str, int, int, int]], base: int) -> None:
         """The stored postings ``(lexeme, seq, tf, dl)`` below ``base`` (this one's), by
@@ -147,16 +154,13 @@ class Postings:
         gathers each message's lexemes (for ``below_done``)."""
         if base != self.base:
             raise ValueError(f"held from seq {self.base}, not {base}")
-        dls, lexemes = self.dls, self.lexemes
+        lexemes = self.lexemes
         older: dict[str, tuple[list[int], list[int]]] = {}
         for lexeme, seq, tf, dl in rows:
             if seq >= base:
                 continue
-            if seq >= len(dls):
-                self._room(seq)  # (extends ``dls`` in place)
-            if dls[seq] < 0:
-                self.messages += 1
-                dls[seq] = min(dl, 32767)
+            self._room(seq)
+            self._length(seq, dl)
             known = seq in lexemes
             if not known and seq not in forward:
                 forward[seq] = []
@@ -170,15 +174,10 @@ class Postings:
                 got = older[lexeme] = ([], [])
             if seq < self.floor(lexeme):
                 got[0].append(seq)
-                got[1].append(min(tf, 32767))
+                got[1].append(tf)
         for term, (seqs, tfs) in older.items():
             if seqs:
-                held_seqs, held_tfs = array("q", seqs), array("h", tfs)
-                if term in self.seqs:
-                    held_seqs.extend(self.seqs[term])
-                    held_tfs.extend(self.tfs[term])
-                self.seqs[term], self.tfs[term] = held_seqs, held_tfs
-                self.count += len(seqs)
+                self._prepend(term, seqs, tfs)
             self.floors[term] = 1
 
     def below_done(self, base: int, forward: Mapping[int, Sequence[str]]) -> None:

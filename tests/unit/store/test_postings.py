@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,14 +65,38 @@ def reference(
     return found + [(s, -x) for s, x in ranked(again, lexical.HOP_LIMIT, specific=True)]
 
 
-#: A search's arguments: the query, what the request carries, a rollback, how many, a hop.
-SEARCHES = {
-    "query": st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
-    "carried": st.sets(st.integers(min_value=1, max_value=130), max_size=40),
-    "rolled": st.one_of(st.none(), st.sets(st.integers(min_value=1, max_value=130))),
-    "limit": st.integers(min_value=1, max_value=20),
-    "hop": st.booleans(),
-}
+@dataclass(frozen=True)
+class Asked:
+    """A search's arguments: the query, what the request carries, a rollback, how many,
+    a hop."""
+
+    query: list[str]
+    carried: set[int]
+    rolled: set[int] | None
+    limit: int
+    hop: bool
+
+    def args(self, upto: int) -> dict[str, Any]:
+        """``search``'s keyword arguments, anchored at ``upto``."""
+        rolled = self.rolled
+        branch = None if rolled is None else Branch.of(set(range(1, upto + 1)) - rolled, upto)
+        return {
+            "upto_seq": upto,
+            "exclude": self.carried,
+            "on_branch": branch,
+            "limit": self.limit,
+            "hop": self.hop,
+        }
+
+
+ASKED = st.builds(
+    Asked,
+    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+    carried=st.sets(st.integers(min_value=1, max_value=130), max_size=40),
+    rolled=st.one_of(st.none(), st.sets(st.integers(min_value=1, max_value=130))),
+    limit=st.integers(min_value=1, max_value=20),
+    hop=st.booleans(),
+)
 docs = st.lists(
     st.one_of(st.none(), st.lists(st.sampled_from(WORDS), max_size=8)), min_size=1, max_size=120
 )
@@ -96,25 +122,13 @@ def built(messages: list[list[str] | None], *, bulk: bool) -> Postings:
 
 
 @settings(max_examples=examples(300), deadline=None)
-@given(
-    messages=docs,
-    **SEARCHES,
-    cut=st.integers(min_value=0, max_value=20),
-)
+@given(messages=docs, asked=ASKED, cut=st.integers(min_value=0, max_value=20))
 def test_the_array_search_is_the_rules_posting_by_posting(
-    messages: list[list[str] | None],
-    query: list[str],
-    carried: set[int],
-    rolled: set[int] | None,
-    limit: int,
-    hop: bool,
-    cut: int,
+    messages: list[list[str] | None], asked: Asked, cut: int
 ) -> None:
     """Same seqs, same floats (not approximately: a replay must rebuild the same block),
     whether the postings were added one by one or loaded as rows."""
-    upto = max(1, len(messages) - cut)
-    branch = None if rolled is None else Branch.of(set(range(1, upto + 1)) - rolled, upto)
-    args = {"upto_seq": upto, "exclude": carried, "on_branch": branch, "limit": limit, "hop": hop}
+    query, args = asked.query, asked.args(max(1, len(messages) - cut))
     one_by_one = built(messages, bulk=False)
     expected = reference(one_by_one, query, **args)  # type: ignore[arg-type]
     assert search(one_by_one, query, **args) == expected  # type: ignore[arg-type]
@@ -169,27 +183,17 @@ def load_missing(index: Postings, whole: Postings, missing: Missing, least: int)
         min_size=10,
         max_size=120,
     ),
-    **SEARCHES,
+    asked=ASKED,
     cut=st.integers(min_value=0, max_value=60),
     held=st.floats(min_value=0, max_value=1),
     least=st.integers(min_value=1, max_value=40),
 )
 def test_a_search_over_postings_held_in_part_loads_what_it_reads_and_agrees(
-    messages: list[list[str] | None],
-    query: list[str],
-    carried: set[int],
-    rolled: set[int] | None,
-    limit: int,
-    hop: bool,
-    cut: int,
-    held: float,
-    least: int,
+    messages: list[list[str] | None], asked: Asked, cut: int, held: float, least: int
 ) -> None:
     """Held from a seq on, older postings loaded a few at a time as a search asks for
     them (``Missing``): the same seqs and floats as over all of them, a replay's too."""
-    upto = max(1, len(messages) - cut)
-    branch = None if rolled is None else Branch.of(set(range(1, upto + 1)) - rolled, upto)
-    args = {"upto_seq": upto, "exclude": carried, "on_branch": branch, "limit": limit, "hop": hop}
+    query, args = asked.query, asked.args(max(1, len(messages) - cut))
     whole = built(messages, bulk=False)
     index = partly(messages, 1 + round(held * len(messages)))  # (held: the newest part)
     for _ in range(200):

@@ -589,12 +589,7 @@ class Search(Lineages):
         """The search on the postings this process holds (``warm.py``): one statement
         catches them up, they are ranked here, one more reads the matches' messages.
         Rows as ``_sql_search``'s."""
-        live = q.branch is None
-
-        async def fetch(text: str, values: dict[str, Any]) -> list[asyncpg.Record]:
-            statement, args = bind(text, values, q.session_id)
-            return await self._run_search(statement, args, live=live)
-
+        fetch = self._fetch(q.session_id, live=q.branch is None)
         synced = await self._warm.sync(q.session_id, q.query, INDEX_TEXT_CONFIG, fetch, sync_sql())
         if synced is None:
             return []
@@ -604,14 +599,14 @@ class Search(Lineages):
             if synced.unstored:
                 self._index_later(q.session_id, synced.lag)
             if synced.postings.base > 1:  # held in part: the rest read in the background
-                self._warm.complete_later(q.session_id, self._fetch_live(q.session_id))
+                self._warm.complete_later(q.session_id, self._fetch(q.session_id, live=True))
 
-    def _fetch_live(self, session_id: str) -> Fetch:
-        """A statement by its named values, ``$1`` the session, as a live search's."""
+    def _fetch(self, session_id: str, *, live: bool) -> Fetch:
+        """A statement by its named values, ``$1`` the session (``_run_search``)."""
 
         async def fetch(text: str, values: dict[str, Any]) -> list[asyncpg.Record]:
             statement, args = bind(text, values, session_id)
-            return await self._run_search(statement, args, live=True)
+            return await self._run_search(statement, args, live=live)
 
         return fetch
 

@@ -500,7 +500,6 @@ class PostgresStore(Appends, Reads, Search, Vectors):
         own. Then this store forgets them."""
         target = session_id
         erased = [session_id]
-        await self.wait_indexed(store=False)  # (a sealed session is never searched, but)
         async with self._lock(session_id):
             try:
                 async with self._pool.acquire() as conn, conn.transaction():

@@ -26,6 +26,7 @@ import itertools
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,10 +238,7 @@ class WarmIndexes:
             if (base, gen) != (warm.base, warm.gen):
                 below = await fetch(BRANCH_BELOW, {}) if base else []
                 warm.base, warm.gen, warm.below = base, gen, frozenset(r[0] for r in below)
-            grown, warm.size = held.size - warm.size, held.size
-        if self._held.get(session_id) is warm:  # (not dropped meanwhile: then uncounted)
-            _PROCESS.total += grown
-            self._evict(warm)
+        self._account(session_id, warm)  # (not if dropped meanwhile: then uncounted)
         on_branch = Branch(warm.base, warm.below) if warm.base else None
         return Synced(session_id, held, lexemes, on_branch, unstored, head - indexed)
 
@@ -252,7 +250,7 @@ class WarmIndexes:
         completes it, or adds a message's lexemes, so a search's rounds end."""
         held = synced.postings
         warm = self._holding(synced)
-        async with warm.lock if warm is not None else asyncio.Lock():
+        async with warm.lock if warm is not None else nullcontext():
             progress = False
             terms = [t for t in sorted(missing.terms) if held.floor(t) > 1]
             if terms:
@@ -328,7 +326,7 @@ class WarmIndexes:
                     if not last:  # the last lexeme may go on in the next page
                         while cut > 0 and rows[cut - 1][0] == after[0]:
                             cut -= 1
-                    held.below(((r[0], r[1], r[2], r[3]) for r in rows[:cut]), base, forward)
+                    held.below(rows[:cut], base, forward)
                     carried = rows[cut:]
                     self._account(session_id, warm)
                     if last:
