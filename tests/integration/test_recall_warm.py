@@ -4,6 +4,8 @@ holds agree with the ledger whoever appended, and with a process that loads them
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,8 +16,9 @@ from contextledger import Ledger
 from contextledger.core.events import MessageAppended, SessionCreated
 from contextledger.store.lexical import DEEP_LIMIT, PER_TERM
 from contextledger.store.postgres import PostgresStore
-from contextledger.store.postgres.search import INDEX_BATCH
-from contextledger.store.postgres.warm import WarmIndexes
+from contextledger.store.postgres.search import FORWARD, INDEX_BATCH, sync_sql
+from contextledger.store.postgres.warm import WarmIndexes, ranked
+from contextledger.store.postings import Missing
 from tests.examples import examples
 from tests.integration.test_recall import (
     FACT,
@@ -398,3 +401,127 @@ async def test_searches_whose_postings_are_dropped_meanwhile_still_answer(pg_dsn
             )
             assert list(found) == [await search(here.store, "la"), await search(here.store, "lb")]
             assert all(f[0] for f in found)
+
+
+async def _long_session(ledger: Ledger, sid: str) -> int:
+    """A session whose stored postings a process that did not write it holds in part."""
+    words = ["gateway", "answered", "attempt", "code", "orchard", "ledger", "quokka"]
+    session = await ledger.session(sid, config={"token_counter": "chars"})
+    await session.add_message({"role": "user", "content": FACT})
+    await session.add_messages(
+        [
+            {"role": "user", "content": f"the {words[i % 7]} answered attempt {i} code {i % 97}"}
+            for i in range(4 * DEEP_LIMIT)
+        ]
+    )
+    await session.add_message({"role": "user", "content": QUESTION})
+    await session.get_messages_for_request(2000)
+    await ledger.store.wait_indexed()
+    return session.head
+
+
+async def test_what_was_loaded_meanwhile_is_not_asked_for_again(pg_dsn: str) -> None:
+    # A search in a process that holds the session's postings in part finds older ones
+    # missing; by the time it has the lock, another search of the session or the read of
+    # the rest (``complete``) loaded them: it reads nothing and ranks again (it once failed
+    # the request: "nothing to load"). Two requests of one session at once did that.
+    async with Ledger.open(pg_dsn) as here:
+        head = await _long_session(here, "long")
+        args = {**ARGS, "limit": 20, "hop": True}
+        want = await here.store.search_messages(
+            "long", QUESTION, exclude=set(), upto_seq=head, **args
+        )
+    async with Ledger.open(pg_dsn) as there:
+        store = pg_store(there)
+        fetch = store._fetch("long", live=True)
+        synced = await store._warm.sync("long", QUESTION, "english", fetch, sync_sql())
+        assert synced is not None and synced.postings.base > 1
+        try:
+            ranked(synced, upto_seq=head, exclude=set(), branch=None, limit=20, hop=True)
+        except Missing as caught:
+            missing = caught
+        else:
+            raise AssertionError("a cold process holds the older postings in part")
+        store._warm.complete_later("long", fetch)  # the rest, read meanwhile
+        await store._warm.wait()
+        assert synced.postings.base == 0
+        loaded = synced.postings.count
+        await store._warm.fill(synced, missing, fetch, FORWARD)
+        assert synced.postings.count == loaded  # nothing read again
+        found, _ = ranked(synced, upto_seq=head, exclude=set(), branch=None, limit=20, hop=True)
+        assert found == want[0]  # the writer's answer
+    assert not store._warm._held  # a closed store's postings make room for the others'
+    for _ in range(3):  # and through the public path, in fresh processes
+        async with Ledger.open(pg_dsn) as cold:
+            a, b = await cold.session("long"), await cold.session("long")
+            requests = await asyncio.gather(
+                a.get_messages_for_request(2000), b.get_messages_for_request(2000)
+            )
+            assert requests[0] == requests[1]
+            assert any("18443" in block for block in recall_blocks(requests[0]))
+
+
+def test_stores_on_several_threads_share_the_budget_safely(pg_dsn: str) -> None:
+    # Ledgers on two threads' event loops (an adapter's loop thread beside the caller's):
+    # each store's searches evict the other's holds, to one process-wide budget, while
+    # the other thread adds and reorders its own. Nothing fails (it once did: "OrderedDict
+    # mutated during iteration"), and the count of what is held stays exact.
+    from contextledger.store.postgres.warm import _PROCESS
+
+    sessions = 100
+    failures: list[BaseException] = []
+    totals: list[tuple[int, int]] = []
+    stores: list[WarmIndexes] = []
+    ready = threading.Barrier(3)  # the two threads and this one
+    done = threading.Barrier(2)
+
+    async def run(tag: str) -> None:
+        async with Ledger.open(pg_dsn) as ledger:
+            heads = {}
+            for i in range(sessions):
+                session = await ledger.session(f"{tag}{i}", config={"token_counter": "chars"})
+                await session.add_messages(
+                    [{"role": "user", "content": f"{FACT} {tag} {i} {n}"} for n in range(4)]
+                )
+                heads[session.session_id] = session.head
+
+            async def search(sid: str) -> None:
+                found = await ledger.store.search_messages(
+                    sid, QUESTION, exclude=set(), upto_seq=heads[sid], **ARGS
+                )
+                assert found[0]
+
+            await search(f"{tag}0")  # (whatever a first search imports, imported)
+            warm = pg_store(ledger)._warm = WarmIndexes(budget=3000)  # ~60 sessions
+            stores.append(warm)
+            ready.wait()
+            ready.wait()
+            for n in range(3 * sessions):
+                await search(f"{tag}{n % sessions}")
+            done.wait()  # both idle: the count and the holds are still
+            held = sum(w.size for s in stores for w in s._held.values())
+            totals.append((_PROCESS.total, held))
+            done.wait()
+
+    def thread(tag: str) -> None:
+        try:
+            asyncio.run(run(tag))
+        except BaseException as exc:  # reported by the test's thread
+            failures.append(exc)
+            ready.abort()
+            done.abort()
+
+    threads = [threading.Thread(target=thread, args=(tag,)) for tag in "xy"]
+    for t in threads:
+        t.start()
+    interval = sys.getswitchinterval()
+    try:
+        ready.wait()
+        sys.setswitchinterval(1e-6)  # the threads' Python interleaves as finely as it can
+        ready.wait()
+        for t in threads:
+            t.join(120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not failures, failures
+    assert len(totals) == 2 and all(total == held for total, held in totals)

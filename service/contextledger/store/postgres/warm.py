@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
@@ -154,12 +155,18 @@ Fetch = Callable[[str, dict[str, Any]], Any]
 
 
 class _Process:
-    """Every store's warm indexes in this process, and the postings they hold together."""
+    """Every store's warm indexes in this process, and the postings they hold together.
+
+    Stores may live on several threads' event loops (an adapter's loop thread, a ledger
+    per thread), and one store's eviction drops another's holds: the holds' order, the
+    total and the set of stores change only under ``lock`` (re-entrant: a store's
+    ``__del__`` may run in a collection while its thread holds it)."""
 
     def __init__(self) -> None:
         self.indexes: weakref.WeakSet[WarmIndexes] = weakref.WeakSet()
         self.total = 0
         self.ticks = itertools.count(1)
+        self.lock = threading.RLock()
 
 
 _PROCESS = _Process()
@@ -186,26 +193,30 @@ class WarmIndexes:
         self._budget = budget
         self._completing: set[asyncio.Task[None]] = set()
         self._closed = False
-        _PROCESS.indexes.add(self)
+        with _PROCESS.lock:
+            _PROCESS.indexes.add(self)
 
     def __del__(self) -> None:
-        _PROCESS.total -= sum(w.size for w in self._held.values())
+        with _PROCESS.lock:
+            _PROCESS.total -= sum(w.size for w in self._held.values())
 
     def forget(self, session_id: str) -> None:
         """Drop a session's postings (purged, erased: its next search loads afresh)."""
-        warm = self._held.pop(session_id, None)
-        if warm is not None:
-            _PROCESS.total -= warm.size
+        with _PROCESS.lock:
+            warm = self._held.pop(session_id, None)
+            if warm is not None:
+                _PROCESS.total -= warm.size
 
     async def sync(
         self, session_id: str, query: str, config: str, fetch: Fetch, sql: str
     ) -> Synced | None:
         """The session's postings caught up with the ledger (``fetch`` runs a statement
         by its named values; ``sql`` is the catch-up's text). None: no session."""
-        warm = self._held.get(session_id)
-        if warm is None:
-            warm = self._held[session_id] = _Warm()
-        self._held.move_to_end(session_id)
+        with _PROCESS.lock:
+            warm = self._held.get(session_id)
+            if warm is None:
+                warm = self._held[session_id] = _Warm()
+            self._held.move_to_end(session_id)
         warm.used = next(_PROCESS.ticks)  # (a first load in progress is the newest)
         async with warm.lock:
             held = warm.postings
@@ -247,11 +258,12 @@ class WarmIndexes:
         ``Postings.forward``), loaded into them (held here or dropped meanwhile: the
         search goes on with them either way): one statement for the lexemes, one for the
         messages whose lexemes a second hop needs. Each call lowers a lexeme's floor or
-        completes it, or adds a message's lexemes, so a search's rounds end."""
+        completes it, or adds a message's lexemes, or finds that another search of the
+        session (or ``complete``) did so while it waited for the lock: nothing is read
+        then, and the search ranks again. So a search's rounds end (``MAX_FILLS``)."""
         held = synced.postings
         warm = self._holding(synced)
         async with warm.lock if warm is not None else nullcontext():
-            progress = False
             terms = [t for t in sorted(missing.terms) if held.floor(t) > 1]
             if terms:
                 floors = [held.floor(t) for t in terms]
@@ -267,15 +279,11 @@ class WarmIndexes:
                     if held.floor(term) == floors[i - 1]:  # (not loaded meanwhile)
                         got = found.get(i, [])
                         held.older(term, got, whole=len(got) < limits[i - 1])
-                    progress = True
             seqs = sorted(s for s in missing.forward if s not in held.lexemes)
             if seqs:
                 read = {r[0]: r[1] for r in await fetch(forward_sql, {"seqs": seqs})}
                 for seq in seqs:
                     held.forward(seq, read.get(seq) or ())
-                progress = True
-            if not progress and (missing.terms or missing.forward):
-                raise RuntimeError(f"recall: nothing to load for {missing!r}")  # (a bug)
         if warm is not None:
             self._account(synced.session_id, warm)
 
@@ -344,22 +352,28 @@ class WarmIndexes:
         await asyncio.gather(*self._completing, return_exceptions=True)
 
     async def aclose(self) -> None:
-        """Stop the loads still running, and start no more (the store is closing)."""
+        """Stop the loads still running, start no more, and drop the postings held (the
+        store is closing: their room is the other stores')."""
         self._closed = True
         tasks = list(self._completing)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        with _PROCESS.lock:
+            for session_id in list(self._held):
+                self.forget(session_id)
 
     def _account(self, session_id: str, warm: _Warm) -> None:
         """``warm``'s growth counted in the process's total (if it is still held here)."""
-        grown, warm.size = warm.postings.size - warm.size, warm.postings.size
-        if self._held.get(session_id) is warm:
-            _PROCESS.total += grown
-            self._evict(warm)
+        with _PROCESS.lock:
+            grown, warm.size = warm.postings.size - warm.size, warm.postings.size
+            if self._held.get(session_id) is warm:
+                _PROCESS.total += grown
+                self._evict(warm)
 
     def _evict(self, keep: _Warm) -> None:
-        """The least recently searched sessions of any store dropped, down to the budget."""
+        """The least recently searched sessions of any store dropped, down to the budget
+        (under ``_PROCESS.lock``)."""
         if _PROCESS.total <= self._budget:
             return
         held = [
