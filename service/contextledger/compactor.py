@@ -30,11 +30,12 @@ from contextledger.core.events import (
     Pruned,
     SummaryRecorded,
 )
+from contextledger.core.projection import NOT_IN_VIEW
 from contextledger.core.summary.prompt import SummaryRequest
 from contextledger.core.summary.validate import validate_summary
 from contextledger.core.tokens import TokenCounter
 from contextledger.core.view import ViewItem
-from contextledger.errors import CompactionError, InvalidArgument
+from contextledger.errors import CompactionError, ConcurrencyError, InvalidArgument
 from contextledger.hooks import CompactContext, CompactDecision, HookBus, PreCompactHandler
 from contextledger.session_state import SessionState
 from contextledger.summarizer import FallbackCallback, ModelSpec, summarize
@@ -99,7 +100,11 @@ class Compactor:
             return
         current = await self._s.usage()  # against the budget in force
         if current.fraction >= cfg.compact_threshold:
-            await self.manage(trigger="auto")
+            try:
+                await self.manage(trigger="auto")
+            except ConcurrencyError as exc:  # another writer compacted the view meanwhile:
+                # the append stands, and the next one measures the view as it is now
+                log.info("auto_compaction_raced", session_id=self._s.session_id, error=str(exc))
 
     async def compact(
         self,
@@ -230,6 +235,21 @@ class Compactor:
         )
         return await self._record_plan(items, p.drop, p.prune, strategy, failure)
 
+    async def _record(self, payload: Payload) -> None:
+        """A compaction or summary with its checkpoint. Its items were read from the view
+        by this process: refused as no longer there, another writer compacted or rolled
+        back meanwhile, a conflict to retry on the view as it is now (nothing written)."""
+        try:
+            await self._writes.append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
+        except InvalidArgument as exc:
+            if exc.code != NOT_IN_VIEW:
+                raise
+            raise ConcurrencyError(
+                f"the view changed while this compaction was planned ({exc.args[0]}); "
+                "nothing was written: compact again",
+                head=self._s.head,
+            ) from None
+
     async def _record_plan(
         self,
         items: Sequence[ViewItem],
@@ -254,7 +274,7 @@ class Compactor:
             - sum(present[p.ref].tokens - p.tokens for p in pruned)
         )
         payload = CompactionApplied(strategy, drop, pruned, before, after)
-        await self._writes.append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
+        await self._record(payload)
         if failure is not None:
             log.info(
                 "compaction_after_summary_failure", session_id=self._s.session_id, code=failure.code
@@ -355,7 +375,7 @@ class Compactor:
         payload = SummaryRecorded(
             first[0], last[0], message, tokens, audit, from_part=first[1], to_part=last[1]
         )
-        await self._writes.append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
+        await self._record(payload)
         await self._s.hooks.emit(
             hk.SUMMARIZATION,
             {
@@ -510,7 +530,7 @@ class Compactor:
             payload = SummaryRecorded(
                 first[0], last[0], message, tokens, audit, from_part=first[1], to_part=last[1]
             )
-            await self._writes.append([CheckpointCreated(PRE_COMPACT_LABEL), payload])
+            await self._record(payload)
             if span is not None:
                 span.set_attribute("gen_ai.compaction.tokens_after", tokens)
                 span.set_attribute("gen_ai.compaction.outcome", "applied")

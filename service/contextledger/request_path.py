@@ -58,7 +58,7 @@ from contextledger.recall import (
     with_recall,
 )
 from contextledger.session_state import SessionState
-from contextledger.store.base import AppendResult, Store
+from contextledger.store.base import AppendResult, SessionInfo, Store
 
 __all__ = ["RequestPath", "RequestingSession", "target_model"]
 
@@ -81,6 +81,7 @@ class RequestingSession(Protocol):
     @property
     def model(self) -> str | None: ...
     def budget(self, token_budget: int | None = None, provider: Any | None = None) -> Budget: ...
+    async def _follow(self, info: SessionInfo) -> None: ...
 
 
 def target_model(provider: Any | None, default: str | None) -> str | None:
@@ -305,6 +306,9 @@ class RequestPath:
         """``Session.get_messages_for_request`` for a provider object (or none)."""
         s = self._s
         self._state.ledger.check_open()
+        if not self._checked:  # another writer may have appended, changed the settings,
+            # or purged the session and created it again (``Session._follow``)
+            await s._follow(await self._state.store.session_info(s.session_id))
         budget = s.budget(token_budget, provider).available
         if token_budget is not None:
             self.token_budget = token_budget
@@ -388,15 +392,11 @@ class RequestPath:
         """The planner for ``budget``, caught up with the ledger: reused when nothing
         moved, fed just the delta when another writer appended, rebuilt from the view's
         tail (O(budget) rows) when the view was rewritten or the budget changed."""
-        s = self._s
         planner = self.planner
         if planner is not None and (
             self._planner_budget != budget or planner.config != self._state.config
         ):
             planner = None
-        if planner is not None and not self._checked:
-            info = await self._state.store.session_info(s.session_id)
-            self._state.advance(info.head, info.last_hash)
         if planner is not None and self._planned < self._state.head:
             planner = await self._catch_up(planner)
         if planner is None:

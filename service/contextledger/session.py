@@ -34,7 +34,7 @@ from contextledger.core.projection import ViewState, fold
 from contextledger.core.shapes import PROVIDERS, shape_of
 from contextledger.core.tokens import TokenCounter
 from contextledger.core.view import ViewItem
-from contextledger.errors import CompactionError, InvalidArgument
+from contextledger.errors import CompactionError, InvalidArgument, SessionNotFound
 from contextledger.hooks import HookBus, PreCompactHandler
 from contextledger.protocols import LedgerHandle
 from contextledger.provider_shapes import ProviderRequest, as_message_list, normalize, render
@@ -88,7 +88,10 @@ class Session:
     @property
     def request_seq(self) -> int:
         """The seq the last request view was built at: ``request_at(request_seq)`` gives
-        it back exactly, even when a background summary landed right after it."""
+        it back exactly, even when a background summary landed right after it. One value
+        a handle: of requests built at once on one handle, the one planned last; callers
+        that replay each of several concurrent requests build them on handles of their
+        own (``ledger.session(id)`` again)."""
         return self._requests.request_seq
 
     @property
@@ -123,11 +126,55 @@ class Session:
     async def refresh(self) -> SessionInfo:
         """Re-read the session row: head, model and config as another process may have
         moved them. Appends never need it (they are pinned to the chain and refuse a
-        moved head by themselves); reads of ``head``/``model``/``config`` do."""
-        self._state.adopt(await self._store.session_info(self.session_id))
+        moved head by themselves); reads of ``head``/``model``/``config`` do. A session
+        purged and created again under its id since is taken as it is now: nothing this
+        handle held of the one before is served again."""
+        info = await self._store.session_info(self.session_id)
+        rewritten = self._rewritten(info)
+        await self._take_settings(info)
+        self._state.adopt(info)
+        if rewritten:
+            self._requests.view_changed()
         self._writes.forget_tail()
         self._requests.on_refresh()
         return self._state.info
+
+    async def _follow(self, info: SessionInfo) -> None:
+        """The session row as other writers left it, read before a request: the model
+        and settings they recorded are taken (the request is built, and replayed, under
+        them); another chain under this id (purged and created again) is refused as an
+        append refuses it, before anything of the old one is served."""
+        if self._rewritten(info):
+            raise SessionNotFound(
+                f"session {self.session_id!r} is not the chain this handle knew (purged and "
+                "perhaps re-created): reopen it, or refresh() to take it as it is now",
+                session_id=self.session_id,
+                known_seq=self._state.known[0],
+            )
+        await self._take_settings(info)
+        self._state.info = info
+        self._state.advance(info.head, info.last_hash)
+
+    def _rewritten(self, info: SessionInfo) -> bool:
+        """Whether ``info`` is another chain than the one this handle knew: created at
+        another time, or no longer through the (seq, hash) it last saw at its head."""
+        seq, digest = self._state.known
+        return (
+            info.created_at != self._state.info.created_at
+            or info.head < seq
+            or (info.head == seq and info.last_hash != digest)
+        )
+
+    async def _take_settings(self, info: SessionInfo) -> None:
+        """The config and model ``info`` records, where another handle changed them (a
+        config recorded as this handle holds it keeps the in-process keys it has)."""
+        config = self._state.config
+        recorded = self._ledger.config_from(info.config)
+        if recorded.to_dict() != config.to_dict():
+            config = recorded
+        if config is not self._state.config or info.model != self._state.info.model:
+            self.counter = await self._ledger.warm_counter(info.model, config)
+            self._state.config = config
 
     async def get_token_count(self) -> int:
         """Tokens in the working view (persisted + ephemeral); O(1), never re-tokenizes."""

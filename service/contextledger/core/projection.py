@@ -174,6 +174,12 @@ class Recorded:
     branch_reset: bool
 
 
+#: The code of the refusals of a summary or compaction whose items the view no longer holds
+#: as named: a caller's mistake, or the view changed since they were read (the compactor's
+#: plans are made from its own read: for them, another writer compacted or rolled back).
+NOT_IN_VIEW = "NOT_IN_VIEW"
+
+
 def _check_admissible(state: ViewState, payload: Payload) -> None:
     """Reject an event the projection could not apply meaningfully; nothing is written."""
     if isinstance(payload, RolledBack):
@@ -189,18 +195,22 @@ def _check_admissible(state: ViewState, payload: Payload) -> None:
         covered = [n for n, i in enumerate(state.view) if payload.covers(i.place)]
         if not covered:
             raise InvalidArgument(
-                f"summary range {payload.from_seq}..{payload.to_seq} covers no item of the view"
+                f"summary range {payload.from_seq}..{payload.to_seq} covers no item of the view",
+                code=NOT_IN_VIEW,
             )
         if covered[-1] - covered[0] + 1 != len(covered):
             raise InvalidArgument(
                 f"summary range {payload.from_seq}..{payload.to_seq} is not contiguous in the "
-                "view (it would move the items it skips)"
+                "view (it would move the items it skips)",
+                code=NOT_IN_VIEW,
             )
     elif isinstance(payload, CompactionApplied):
         refs = {i.ref for i in state.view}
         missing = [r for r in (*payload.drop, *(p.ref for p in payload.prune)) if r not in refs]
         if missing:
-            raise InvalidArgument(f"compaction names refs not in the view: {missing[:5]}")
+            raise InvalidArgument(
+                f"compaction names refs not in the view: {missing[:5]}", code=NOT_IN_VIEW
+            )
 
 
 def record_events(

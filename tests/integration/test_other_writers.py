@@ -1,0 +1,141 @@
+"""A handle's requests after other writers changed the session under it: its settings
+and model, or the session itself (purged and created again under its id). On both
+stores; each request is what ``request_at`` rebuilds at its seq."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from contextledger import ConcurrencyError, Ledger, SessionNotFound
+from contextledger.hooks import CompactContext
+
+BUDGET = 400
+CHARS = {"token_counter": "chars"}
+
+
+def contents(request: list[dict[str, object]]) -> str:
+    return "\n".join(str(m.get("content")) for m in request)
+
+
+async def test_a_session_purged_and_created_again_is_never_served_from_a_handle(
+    ledger: Ledger,
+) -> None:
+    mine = await ledger.session("s", model="gpt-4o", config=CHARS)
+    await mine.add_messages(
+        [{"role": "user", "content": f"SECRET-OLD note {i} about the cache"} for i in range(30)]
+    )
+    assert "SECRET-OLD" in contents(await mine.get_messages_for_request(BUDGET))
+    await ledger.store.purge("s", "asked to forget")
+    again = await ledger.session("s", model="gpt-4o", config=CHARS)
+    await again.add_messages([{"role": "user", "content": f"new {i}"} for i in range(5)])
+    # the handle's next request is refused as its next append would be
+    with pytest.raises(SessionNotFound):
+        await mine.get_messages_for_request(BUDGET)
+    with pytest.raises(SessionNotFound):
+        await mine.add_message({"role": "user", "content": "hello"})
+    # refresh takes the session as it is now: nothing of the purged one comes back
+    await mine.refresh()
+    request = await mine.get_messages_for_request(BUDGET)
+    assert "SECRET-OLD" not in contents(request) and "new 4" in contents(request)
+    assert request == await mine.request_at(mine.request_seq, token_budget=BUDGET)
+    await mine.add_message({"role": "user", "content": "hello from the old handle"})
+    assert "hello from the old handle" in contents(await mine.get_messages_for_request(BUDGET))
+    await again.add_message({"role": "user", "content": "and from the new one"})
+    request = await mine.get_messages_for_request(BUDGET)
+    assert "SECRET-OLD" not in contents(request)
+    assert "and from the new one" in contents(request)
+    assert request == await mine.request_at(mine.request_seq, token_budget=BUDGET)
+
+
+async def test_a_session_purged_and_grown_past_the_handle_is_refused_too(
+    ledger: Ledger,
+) -> None:
+    mine = await ledger.session("s", model="gpt-4o", config=CHARS)
+    await mine.add_messages([{"role": "user", "content": f"SECRET-OLD {i}"} for i in range(3)])
+    await mine.get_messages_for_request(BUDGET)
+    await ledger.store.purge("s", "asked to forget")
+    again = await ledger.session("s", model="gpt-4o", config=CHARS)
+    await again.add_messages([{"role": "user", "content": f"new {i}"} for i in range(10)])
+    assert again.head > mine.head  # past what the handle knew: no head went back
+    with pytest.raises(SessionNotFound):
+        await mine.get_messages_for_request(BUDGET)
+
+
+async def test_settings_and_model_another_handle_records_are_the_next_requests(
+    ledger: Ledger,
+) -> None:
+    mine = await ledger.session("s", model="gpt-4o", config=CHARS)
+    await mine.add_messages(
+        [{"role": "user", "content": f"note {i} on the {i % 7} cache shard"} for i in range(60)]
+    )
+    await mine.get_messages_for_request(BUDGET)
+    theirs = await ledger.session("s")
+    await theirs.update_config({"recall": {"share": 0.35}})
+    await theirs.set_model("gpt-4o-mini")
+    await mine.add_message({"role": "user", "content": "which shard held note 12?"})
+    request = await mine.get_messages_for_request(BUDGET)
+    assert mine.config.recall.share == 0.35 and mine.model == "gpt-4o-mini"
+    assert request == await mine.request_at(mine.request_seq, token_budget=BUDGET)
+    assert request == await (await ledger.session("s")).get_messages_for_request(BUDGET)
+    # and without an append of its own in between: the request reads the row first
+    await theirs.update_config({"recall": {"share": 0.2}})
+    request = await mine.get_messages_for_request(BUDGET)
+    assert mine.config.recall.share == 0.2
+    assert request == await mine.request_at(mine.request_seq, token_budget=BUDGET)
+    # refresh takes them too, and keeps what this handle already holds otherwise
+    await theirs.update_config({"recall": {"share": 0.25}})
+    await mine.refresh()
+    assert mine.config.recall.share == 0.25
+
+
+async def test_two_compactions_at_once_one_applies_the_other_is_a_conflict_to_retry(
+    pg_dsn: str,
+) -> None:
+    # Each plans from the view it read; the second to write names items the first took
+    # out: a retryable conflict, nothing written (it was an "invalid argument" once).
+    async with Ledger.open(pg_dsn) as here, Ledger.open(pg_dsn) as there:
+        outcomes: list[object] = []
+        for n in range(4):
+            mine = await here.session(f"c{n}", model="gpt-4o", config=CHARS)
+            await mine.add_messages(
+                [{"role": "user", "content": f"note {i} " + "x" * 80} for i in range(120)]
+            )
+            theirs = await there.session(f"c{n}")
+            done = await asyncio.gather(
+                mine.compact("truncate", token_budget=3000),
+                theirs.compact("truncate", token_budget=2500),
+                return_exceptions=True,
+            )
+            for handle, result in zip((mine, theirs), done, strict=True):
+                if isinstance(result, BaseException):
+                    assert isinstance(result, ConcurrencyError) and result.is_retryable
+                    assert await handle.compact("truncate", token_budget=2500) >= 0
+                else:
+                    assert isinstance(result, int)
+            outcomes.extend(done)
+        assert any(isinstance(r, ConcurrencyError) for r in outcomes)  # (the race was run)
+
+
+async def test_an_auto_compaction_another_writer_beat_leaves_the_append_standing(
+    ledger: Ledger,
+) -> None:
+    # The other writer compacts between this handle's read of the view and its record (in
+    # the pre-compact hook, called in between): the append that triggered the automatic
+    # compaction stands, its compaction is dropped, the view is the other's.
+    config = {**CHARS, "auto_compact": True, "max_tokens": 3000}
+    mine = await ledger.session("auto", model="gpt-4o", config=config)
+    theirs = await ledger.session("auto")
+    raced: list[int] = []
+
+    async def beaten(context: CompactContext) -> None:
+        if not raced:
+            raced.append(await theirs.compact("truncate", token_budget=1500))
+
+    mine.pre_compact = beaten
+    for i in range(60):
+        await mine.add_message({"role": "user", "content": f"mine {i} " + "x" * 400})
+    assert raced and raced[0] > 0  # the other compaction ran in between, and applied
+    assert (await mine.get_messages())[-1]["content"].startswith("mine 59")
+    assert (await mine.usage()).tokens <= 3000
