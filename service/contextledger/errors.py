@@ -197,7 +197,7 @@ class LedgerUnavailable(StoreError):
     ``CONNECTION_REFUSED`` (nothing listens at the host and port), ``HOST_NOT_FOUND``
     (the host name does not resolve: a typo, or the name service is down),
     ``TIMED_OUT`` (no answer in time), ``SERVER_STARTING``, ``SERVER_STOPPING``,
-    ``POOL_CLOSED``, ``TOO_MANY_CONNECTIONS``.
+    ``TOO_MANY_CONNECTIONS``.
     """
 
     code = "LEDGER_UNAVAILABLE"
@@ -241,7 +241,8 @@ class MissingExtra(ContextLedgerError, ImportError):
 
 
 class LedgerClosed(StoreError):
-    """The ledger (or the session's ledger) was closed; open a new one."""
+    """The ledger (or the session's ledger) was closed; open a new one. ``POOL_CLOSED``:
+    a call that was already at the database when it closed."""
 
     code = "LEDGER_CLOSED"
 

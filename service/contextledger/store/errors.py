@@ -20,6 +20,7 @@ import asyncpg
 
 from contextledger.errors import (
     ContextLedgerError,
+    LedgerClosed,
     LedgerCredentialsRejected,
     LedgerRefused,
     LedgerUnavailable,
@@ -147,11 +148,11 @@ def translate(exc: BaseException) -> ContextLedgerError | None:
             )
     if isinstance(exc, asyncpg.InterfaceError):
         text = str(exc)
-        if "pool is clos" in text:
+        if "pool is clos" in text:  # only its ledger closes it: waiting will not help
             return _found(
-                LedgerUnavailable,
+                LedgerClosed,
                 "POOL_CLOSED",
-                "the ledger's connection pool is closed. Open a new Ledger.",
+                "the ledger was closed (its connection pool is). Open a new Ledger.",
                 exc,
             )
         if isinstance(exc, asyncpg.ClientConfigurationError | ValueError):
