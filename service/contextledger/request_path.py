@@ -58,7 +58,7 @@ from contextledger.recall import (
     with_recall,
 )
 from contextledger.session_state import SessionState
-from contextledger.store.base import AppendResult, SessionInfo, Store
+from contextledger.store.base import AppendResult, BranchMoved, SessionInfo, Store
 
 __all__ = ["RequestPath", "RequestingSession", "target_model"]
 
@@ -116,6 +116,11 @@ def _retrieved(task: asyncio.Future[RecallBlock]) -> None:
 
 def _calls_tools(payload: Payload) -> bool:
     return isinstance(payload, MessageAppended) and bool(tool_calls(payload.message))
+
+
+#: Times a request is built again after its search found the branch replaced meanwhile
+#: (each time another rollback landed during it); then the last try's ``BranchMoved``.
+MAX_REBUILDS = 3
 
 
 class RequestPath:
@@ -303,7 +308,19 @@ class RequestPath:
     # -- building a request ------------------------------------------------------------
 
     async def build(self, token_budget: int | None, provider: Any | None) -> list[dict[str, Any]]:
-        """``Session.get_messages_for_request`` for a provider object (or none)."""
+        """``Session.get_messages_for_request`` for a provider object (or none). Built
+        again on the session as it is now when recall's search found the branch replaced
+        after the seq the view was planned at (another writer's rollback or clear landed
+        in between): the request is always the one ``request_at`` rebuilds at its seq."""
+        for _ in range(MAX_REBUILDS):
+            try:
+                return await self._build(token_budget, provider)
+            except BranchMoved:
+                self.view_changed()
+                self._checked = False
+        return await self._build(token_budget, provider)
+
+    async def _build(self, token_budget: int | None, provider: Any | None) -> list[dict[str, Any]]:
         s = self._s
         self._state.ledger.check_open()
         if not self._checked:  # another writer may have appended, changed the settings,

@@ -22,6 +22,7 @@ from contextledger.core.events import (
 )
 from contextledger.core.recall import Recalled
 from contextledger.core.view import ViewItem
+from contextledger.errors import ConcurrencyError
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,21 @@ class SearchQuery:
     text_config: str
     head: int | None = None
     hop: bool = False
+
+
+class BranchMoved(ConcurrencyError):
+    """A live search found the session's branch replaced (a rollback, a clear) after the
+    request's seq: its candidates would be the new branch's, not the branch the request
+    was planned on, and ``request_at`` could not rebuild the block. The request path
+    builds the request again on the session as it is now; a caller sees it only when
+    that happened ``MAX_REBUILDS`` times over (retryable)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"session {session_id!r}: its branch was replaced (a rollback or a clear by "
+            "another writer) while each try of this request was built; build it again",
+            session_id=session_id,
+        )
 
 
 class Store(abc.ABC):

@@ -19,7 +19,7 @@ from contextledger.core.recall import Recalled
 from contextledger.errors import (
     InvalidArgument,
 )
-from contextledger.store.base import SearchQuery
+from contextledger.store.base import BranchMoved, SearchQuery
 from contextledger.store.errors import translated
 from contextledger.store.lexical import (
     DEEP_LIMIT,
@@ -593,6 +593,9 @@ class Search(Lineages):
         synced = await self._warm.sync(q.session_id, q.query, INDEX_TEXT_CONFIG, fetch, sync_sql())
         if synced is None:
             return []
+        top = q.upto_seq if q.head is None else max(q.head, q.upto_seq)
+        if q.branch is None and synced.on_branch is not None and synced.on_branch.base > top:
+            raise BranchMoved(q.session_id)  # (a reset after the request's seq: see there)
         try:
             return await self._warm_rows(q, gaps, synced, fetch)
         finally:  # after the request's reads: its connection is back for the tasks
