@@ -142,41 +142,41 @@ async def test_an_auto_compaction_another_writer_beat_leaves_the_append_standing
 
 
 async def test_a_rollback_between_a_requests_plan_and_its_search_rebuilds_it(
-    pg_dsn: str,
+    ledger: Ledger,
 ) -> None:
     # Another writer's rollback lands while this handle builds a request: after its view
     # was planned, before recall searched (here: in the hook the planner's pass announces).
     # The search would take the new branch's messages for a request planned on the old
     # one, a block request_at could not rebuild; the request is built again on the head.
-    async with Ledger.open(pg_dsn) as here, Ledger.open(pg_dsn) as there:
-        mine = await here.session("rb", model="gpt-4o", config=CHARS)
-        await mine.add_messages(
-            [
-                {"role": "user", "content": f"the {w} gateway port is {4000 + i}"}
-                for i, w in enumerate(["orchard", "quokka", "ledger", "canary"] * 15)
-            ]
-        )
-        mark = await mine.checkpoint("early")
-        await mine.add_messages(
-            [
-                {"role": "user", "content": f"later the quokka port moved to {5000 + i}"}
-                for i in range(30)
-            ]
-        )
-        await mine.get_messages_for_request(BUDGET)
-        theirs = await there.session("rb")
-        rolled: list[int] = []
+    # (Another handle here; from another process it lands the same way.)
+    mine = await ledger.session("rb", model="gpt-4o", config=CHARS)
+    await mine.add_messages(
+        [
+            {"role": "user", "content": f"the {w} gateway port is {4000 + i}"}
+            for i, w in enumerate(["orchard", "quokka", "ledger", "canary"] * 15)
+        ]
+    )
+    mark = await mine.checkpoint("early")
+    await mine.add_messages(
+        [
+            {"role": "user", "content": f"later the quokka port moved to {5000 + i}"}
+            for i in range(30)
+        ]
+    )
+    await mine.get_messages_for_request(BUDGET)
+    theirs = await ledger.session("rb")
+    rolled: list[int] = []
 
-        async def roll_back(event: str, data: object) -> None:
-            if not rolled:
-                rolled.append(await theirs.rollback(mark))
+    async def roll_back(event: str, data: object) -> None:
+        if not rolled:
+            rolled.append(await theirs.rollback(mark))
 
-        mine.hooks.on("context:pre_compact", roll_back)
-        for i in range(200):
-            await mine.add_message({"role": "user", "content": f"which quokka port now? {i}"})
-            request = await mine.get_messages_for_request(BUDGET)
-            if rolled:
-                break
-        assert rolled  # (the race was run)
-        assert request == await mine.request_at(mine.request_seq, token_budget=BUDGET)
-        assert mine.request_seq >= rolled[0]  # built again, on the branch after the rollback
+    mine.hooks.on("context:pre_compact", roll_back)
+    for i in range(200):
+        await mine.add_message({"role": "user", "content": f"which quokka port now? {i}"})
+        request = await mine.get_messages_for_request(BUDGET)
+        if rolled:
+            break
+    assert rolled  # (the race was run)
+    assert request == await mine.request_at(mine.request_seq, token_budget=BUDGET)
+    assert mine.request_seq >= rolled[0]  # built again, on the branch after the rollback

@@ -45,6 +45,7 @@ from contextledger.errors import (
 )
 from contextledger.store.base import (
     AppendResult,
+    BranchMoved,
     Checkpoint,
     Erasure,
     RebuildReport,
@@ -99,6 +100,9 @@ class _Stream:
     #: with ``branch`` as it grows; rebuilt when a cold-path event replaces the list)
     search: dict[str, _Index] = field(default_factory=dict)
     branch_seqs: set[int] = field(default_factory=set)
+    #: the seq of the last event that replaced the branch (a rollback, a clear: as
+    #: PostgreSQL's ``sessions.branch_base``): a live search past it finds it moved
+    branch_base: int = 0
     _branch_of: list[ViewItem] | None = None
     _branch_seen: int = 0
 
@@ -417,6 +421,8 @@ class MemoryStore(Store):
             )
             events = list(step.events)
             stream.adopt(step.state)
+            if step.branch_reset:
+                stream.branch_base = events[-1].seq
         for event in events:
             stream.events.append(
                 replace(
@@ -512,6 +518,9 @@ class MemoryStore(Store):
         from contextledger.store.postings import search
 
         stream = self._get(q.session_id)
+        top = q.upto_seq if q.head is None else max(q.head, q.upto_seq)
+        if q.branch is None and stream.branch_base > top:
+            raise BranchMoved(q.session_id)  # (see ``request_path.build``)
         # every message indexed (what a search reads stops at its own seq): on a branch
         # that holds them all (no rollback), nothing is checked message by message
         index = stream.indexed(q.text_config, len(stream.events))
