@@ -58,7 +58,7 @@ from contextledger.recall import (
     with_recall,
 )
 from contextledger.session_state import SessionState
-from contextledger.store.base import AppendResult, BranchMoved, SessionInfo, Store
+from contextledger.store.base import AppendResult, BranchMoved, Store
 
 __all__ = ["RequestPath", "RequestingSession", "target_model"]
 
@@ -81,7 +81,7 @@ class RequestingSession(Protocol):
     @property
     def model(self) -> str | None: ...
     def budget(self, token_budget: int | None = None, provider: Any | None = None) -> Budget: ...
-    async def _follow(self, info: SessionInfo) -> None: ...
+    async def _follow(self) -> None: ...
 
 
 def target_model(provider: Any | None, default: str | None) -> str | None:
@@ -325,7 +325,7 @@ class RequestPath:
         self._state.ledger.check_open()
         if not self._checked:  # another writer may have appended, changed the settings,
             # or purged the session and created it again (``Session._follow``)
-            await s._follow(await self._state.store.session_info(s.session_id))
+            await s._follow()
         budget = s.budget(token_budget, provider).available
         if token_budget is not None:
             self.token_budget = token_budget

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
 
+import structlog
+
 from contextledger import hooks as hk
 from contextledger._checks import check_seq, check_text
 from contextledger.appends import WritePath, replacement, summary_payload, utc_now
@@ -34,7 +36,7 @@ from contextledger.core.projection import ViewState, fold
 from contextledger.core.shapes import PROVIDERS, shape_of
 from contextledger.core.tokens import TokenCounter
 from contextledger.core.view import ViewItem
-from contextledger.errors import CompactionError, InvalidArgument, SessionNotFound
+from contextledger.errors import CompactionError, ConfigError, InvalidArgument, SessionNotFound
 from contextledger.hooks import HookBus, PreCompactHandler
 from contextledger.protocols import LedgerHandle
 from contextledger.provider_shapes import ProviderRequest, as_message_list, normalize, render
@@ -45,6 +47,8 @@ from contextledger.session_state import SessionState
 from contextledger.settings import settings_change
 from contextledger.store.base import Checkpoint, SessionInfo
 from contextledger.summarizer import FallbackCallback
+
+log = structlog.get_logger(__name__)
 
 FOOTPRINT_FIXED = 64 * 1024
 FOOTPRINT_PER_TOKEN = 24
@@ -129,9 +133,11 @@ class Session:
         moved head by themselves); reads of ``head``/``model``/``config`` do. A session
         purged and created again under its id since is taken as it is now: nothing this
         handle held of the one before is served again."""
+        pin = self._state.known
         info = await self._store.session_info(self.session_id)
-        rewritten = self._rewritten(info)
-        await self._take_settings(info)
+        rewritten = self._rewritten(info, pin)
+        if self._state.known == pin:  # (else this handle wrote while it read: its own)
+            await self._take_settings(info, pin)
         self._state.adopt(info)
         if rewritten:
             self._requests.view_changed()
@@ -139,42 +145,57 @@ class Session:
         self._requests.on_refresh()
         return self._state.info
 
-    async def _follow(self, info: SessionInfo) -> None:
+    async def _follow(self) -> None:
         """The session row as other writers left it, read before a request: the model
         and settings they recorded are taken (the request is built, and replayed, under
         them); another chain under this id (purged and created again) is refused as an
-        append refuses it, before anything of the old one is served."""
-        if self._rewritten(info):
+        append refuses it, before anything of the old one is served. A row read while
+        this handle itself wrote (another request's append, a background summary) may be
+        older than what the handle knows: then only its creation time is compared."""
+        pin = self._state.known
+        info = await self._store.session_info(self.session_id)
+        if self._rewritten(info, pin):
             raise SessionNotFound(
                 f"session {self.session_id!r} is not the chain this handle knew (purged and "
                 "perhaps re-created): reopen it, or refresh() to take it as it is now",
                 session_id=self.session_id,
-                known_seq=self._state.known[0],
+                known_seq=pin[0],
             )
-        await self._take_settings(info)
-        self._state.info = info
-        self._state.advance(info.head, info.last_hash)
+        if self._state.known != pin:
+            return
+        await self._take_settings(info, pin)
+        if self._state.known == pin:
+            self._state.info = info
+            self._state.advance(info.head, info.last_hash)
 
-    def _rewritten(self, info: SessionInfo) -> bool:
+    def _rewritten(self, info: SessionInfo, pin: tuple[int, str]) -> bool:
         """Whether ``info`` is another chain than the one this handle knew: created at
-        another time, or no longer through the (seq, hash) it last saw at its head."""
-        seq, digest = self._state.known
-        return (
-            info.created_at != self._state.info.created_at
-            or info.head < seq
-            or (info.head == seq and info.last_hash != digest)
-        )
+        another time, or no longer through ``pin``, the (seq, hash) it knew when it asked
+        for the row (compared only while the pin has not moved since: a row read during
+        the handle's own append may be older than the append)."""
+        if info.created_at != self._state.info.created_at:
+            return True
+        if self._state.known != pin:
+            return False
+        seq, digest = pin
+        return info.head < seq or (info.head == seq and info.last_hash != digest)
 
-    async def _take_settings(self, info: SessionInfo) -> None:
+    async def _take_settings(self, info: SessionInfo, pin: tuple[int, str]) -> None:
         """The config and model ``info`` records, where another handle changed them (a
-        config recorded as this handle holds it keeps the in-process keys it has)."""
+        config recorded as this handle holds it keeps the in-process keys it has; one
+        this release cannot read, a newer one's, leaves the handle's as it is)."""
         config = self._state.config
-        recorded = self._ledger.config_from(info.config)
+        try:
+            recorded = self._ledger.config_from(info.config)
+        except ConfigError as exc:
+            log.warning("recorded_config_unreadable", session_id=self.session_id, error=str(exc))
+            return
         if recorded.to_dict() != config.to_dict():
             config = recorded
         if config is not self._state.config or info.model != self._state.info.model:
-            self.counter = await self._ledger.warm_counter(info.model, config)
-            self._state.config = config
+            counter = await self._ledger.warm_counter(info.model, config)
+            if self._state.known == pin:  # (not if the handle changed them meanwhile)
+                self.counter, self._state.config = counter, config
 
     async def get_token_count(self) -> int:
         """Tokens in the working view (persisted + ephemeral); O(1), never re-tokenizes."""
