@@ -103,7 +103,17 @@ async def render(
     if provider == "openai":
         return ProviderRequest("openai", to_openai(messages))
     default = "claude-sonnet-4-20250514" if provider == "anthropic" else "gemini-2.0-flash"
-    return await asyncio.to_thread(_render_sync, messages, provider, model or default)
+    try:
+        return await asyncio.to_thread(_render_sync, messages, provider, model or default)
+    except Exception as exc:  # litellm's converters refuse what the provider would refuse
+        # (no message but system ones for Anthropic, arguments that are not a JSON
+        # object...): the caller's view cannot take that shape, said as such
+        raise InvalidArgument(
+            f"the request cannot be put in {provider}'s shape: {type(exc).__name__}: "
+            f"{str(exc)[:300]}",
+            field="provider",
+            code="UNRENDERABLE",
+        ) from None
 
 
 def as_message_list(request: ProviderRequest) -> list[dict[str, Any]]:

@@ -162,6 +162,7 @@ class RequestPath:
         #: the recall room of the last request (a speculation searches for that room)
         self._room = 0
         self._spec: _Speculation | None = None
+        self._planning = asyncio.Lock()
         #: requests that used a speculation, and that searched afresh after one
         self.speculation_hits = 0
         self.speculation_misses = 0
@@ -307,47 +308,57 @@ class RequestPath:
 
     # -- building a request ------------------------------------------------------------
 
-    async def build(self, token_budget: int | None, provider: Any | None) -> list[dict[str, Any]]:
+    async def build(
+        self, token_budget: int | None, provider: Any | None, *, in_force: bool = True
+    ) -> list[dict[str, Any]]:
         """``Session.get_messages_for_request`` for a provider object (or none). Built
         again on the session as it is now when recall's search found the branch replaced
         after the seq the view was planned at (another writer's rollback or clear landed
         in between): the request is always the one ``request_at`` rebuilds at its seq."""
         for _ in range(MAX_REBUILDS):
             try:
-                return await self._build(token_budget, provider)
+                return await self._build(token_budget, provider, in_force)
             except BranchMoved:
                 self.view_changed()
                 self._checked = False
-        return await self._build(token_budget, provider)
+        return await self._build(token_budget, provider, in_force)
 
-    async def _build(self, token_budget: int | None, provider: Any | None) -> list[dict[str, Any]]:
+    async def _build(
+        self, token_budget: int | None, provider: Any | None, in_force: bool
+    ) -> list[dict[str, Any]]:
         s = self._s
         self._state.ledger.check_open()
         if not self._checked:  # another writer may have appended, changed the settings,
             # or purged the session and created it again (``Session._follow``)
             await s._follow()
         budget = s.budget(token_budget, provider).available
-        if token_budget is not None:
+        if token_budget is not None and in_force:
             self.token_budget = token_budget
         cfg = self._state.config
         recall_room = reserve_for(budget, cfg.recall)  # the recall block's share
         extra = extra_for(budget, cfg.recall)  # and what it may take for a question
         budget -= recall_room
-        # 1. plan
-        planner = await self._request_planner(budget, recall_room)
-        # 2. fit (ephemeral messages merged in; the engine only when over the budget)
-        try:
-            items = planner.view(self._state.ephemeral)
-        except CompactionError as exc:
+        # 1. plan, and 2. fit (ephemeral messages merged in; the engine only when over the
+        # budget): one request at a time per handle, so requests built at once on a shared
+        # handle (the service's) catch the planner up once, not each with the same events
+        overflow: CompactionError | None = None
+        async with self._planning:
+            planner = await self._request_planner(budget, recall_room)
+            head = self._planned
+            try:
+                items = planner.view(self._state.ephemeral)
+            except CompactionError as exc:
+                overflow = exc
+        if overflow is not None:
             await s.hooks.emit(
                 hk.OVERFLOW, {"estimated_tokens": planner.tokens, "context_limit": budget}
             )
-            raise exc
+            raise overflow
         if planner.passes != self._seen_passes:
             await self._announce_pass(planner, items)
         self._seen_passes = planner.passes
         self._compactor.summarize_in_background(planner)
-        self.request_seq = self._planned
+        self.request_seq = head
         # 3. recall what the view left out, just before the latest turn, and 4. finish for
         # the provider: the search's statement goes out first, and the view is finished
         # while the server works (0.3 ms of a ~2 ms request at 800 items)
@@ -359,7 +370,7 @@ class RequestPath:
         if at is None or not splice_safe(items, at) or (extra and asks(items)):
             self._drop_speculation()
             sent = await with_recall(
-                self, items, recall_room, cfg, upto_seq=self._state.head, branch=None, extra=extra
+                self, items, recall_room, cfg, upto_seq=head, branch=None, extra=extra
             )
             return finish_request_view(
                 sent, target_model=model, cache=self._finished, sized_for=len(items)
@@ -371,7 +382,7 @@ class RequestPath:
             )
         else:
             search = asyncio.ensure_future(
-                recall_block(self, items, recall_room, cfg, upto_seq=self._state.head, branch=None)
+                recall_block(self, items, recall_room, cfg, upto_seq=head, branch=None)
             )
             await asyncio.sleep(0)  # the search runs up to its first wait: the statement is sent
         try:

@@ -473,7 +473,7 @@ class Session:
         return branch + [dict(i.message) for i in self._state.ephemeral]
 
     async def get_messages_for_request(
-        self, token_budget: int | None = None, provider: Any | None = None
+        self, token_budget: int | None = None, provider: Any | None = None, *, in_force: bool = True
     ) -> list[dict[str, Any]]:
         """Messages for the next request: within budget, valid for the provider.
 
@@ -492,10 +492,14 @@ class Session:
         ``parts``). For those two the system prompt, when there is one, comes first
         as ``{"role": "system", "content": text}``: pass it as ``system=`` (or use
         ``request_for(provider)``, which returns it separately).
+
+        ``token_budget`` becomes the budget in force (``budget()``, ``usage()``,
+        auto-compaction, a replay's default) unless ``in_force`` is False: a handle
+        shared between clients (the service's) keeps one client's budget to its call.
         """
         if isinstance(provider, str):
             return as_message_list(await self.request_for(provider, token_budget))
-        return await self._requests.build(token_budget, provider)
+        return await self._requests.build(token_budget, provider, in_force=in_force)
 
     async def close(self, wait_seconds: float = 30.0) -> None:
         """Wait for a summary in flight (up to ``wait_seconds``), else cancel it, and for a

@@ -421,3 +421,49 @@ async def test_readyz_says_why_it_is_not_ready(pg_dsn: str) -> None:
         assert behind.json()["status"] == "unavailable"
         assert f"code needs {head_revision()}" in behind.json()["detail"]
         assert (await c.get("/healthz")).status_code == 200  # alive, only not ready
+
+
+async def test_requests_at_once_on_a_shared_handle_catch_it_up_once(
+    svc: Running, pg_dsn: str
+) -> None:
+    # The service shares one handle between clients; another process appended since its
+    # view was cached: requests built at once each read the new events, and each pushed
+    # them into the one view (the branch's messages three times over, to the model too).
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "dup", "model": "gpt-4o"})
+    for i in range(3):
+        await c.post("/v1/sessions/dup/messages", json={"message": user(f"own{i}")})
+    await c.get("/v1/sessions/dup/context")  # the handle's view, cached
+    async with Ledger.open(pg_dsn) as other:
+        theirs = await other.session("dup", create=False)
+        for i in range(5):
+            await theirs.add_message(user(f"other{i}"))
+    found = await asyncio.gather(*(c.get("/v1/sessions/dup/context") for _ in range(8)))
+    branch = [m["content"] for m in (await c.get("/v1/sessions/dup/messages")).json()["messages"]]
+    assert len(branch) == 8
+    for r in [*found, await c.get("/v1/sessions/dup/context")]:
+        assert [m["content"] for m in r.json()["messages"]] == branch
+
+
+async def test_one_clients_token_budget_is_not_the_next_clients_default(svc: Running) -> None:
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "bud", "model": "gpt-4o"})
+    await c.post(
+        "/v1/sessions/bud/messages",
+        json={"messages": [user(f"note {i} " + "x" * 200) for i in range(20)]},
+    )
+    whole = (await c.get("/v1/sessions/bud/context")).json()["messages"]
+    small = (await c.get("/v1/sessions/bud/context", params={"token_budget": 150})).json()
+    assert len(small["messages"]) < len(whole) == 20
+    assert (await c.get("/v1/sessions/bud/context")).json()["messages"] == whole
+    replay = await c.get("/v1/sessions/bud/context", params={"at": small["at"]})
+    assert replay.json()["messages"] == whole
+    assert (await c.post("/v1/sessions/bud/compact", json={})).json()["tokens_saved"] == 0
+
+
+async def test_a_view_a_provider_cannot_take_is_a_422_not_a_500(svc: Running) -> None:
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "bare", "model": "gpt-4o"})
+    r = await c.get("/v1/sessions/bare/context", params={"provider": "anthropic"})
+    assert r.status_code == 422 and r.headers["content-type"] == PROBLEM
+    assert r.json()["code"] == "UNRENDERABLE"

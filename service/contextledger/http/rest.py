@@ -393,7 +393,7 @@ async def context(
         messages = await session.request_at(at, target, token_budget=token_budget)
     else:
         messages = await session.get_messages_for_request(
-            token_budget=token_budget, provider=target
+            token_budget=token_budget, provider=target, in_force=False
         )
     out: dict[str, Any] = {"messages": messages, "at": at if at is not None else session.head}
     if provider is not None:
