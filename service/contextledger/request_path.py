@@ -12,6 +12,7 @@ folded state with the same pure steps, so ``request_at`` gives it back exactly.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -118,6 +119,13 @@ def _calls_tools(payload: Payload) -> bool:
     return isinstance(payload, MessageAppended) and bool(tool_calls(payload.message))
 
 
+#: The request path and seq of the request the running task built last: ``request_seq``
+#: for the caller that built it, whatever other tasks built on the same handle since (the
+#: service's clients share one). Set in the caller's own context (a request is awaited,
+#: not run as a task of its own), so it is that task's alone.
+BUILT_AT: contextvars.ContextVar[tuple[RequestPath, int] | None] = contextvars.ContextVar(
+    "contextledger_built_at", default=None
+)
 #: Times a request is built again after its search found the branch replaced meanwhile
 #: (each time another rollback landed during it); then the last try's ``BranchMoved``.
 MAX_REBUILDS = 3
@@ -359,6 +367,7 @@ class RequestPath:
         self._seen_passes = planner.passes
         self._compactor.summarize_in_background(planner)
         self.request_seq = head
+        BUILT_AT.set((self, head))
         # 3. recall what the view left out, just before the latest turn, and 4. finish for
         # the provider: the search's statement goes out first, and the view is finished
         # while the server works (0.3 ms of a ~2 ms request at 800 items)

@@ -40,7 +40,7 @@ from contextledger.errors import CompactionError, ConfigError, InvalidArgument, 
 from contextledger.hooks import HookBus, PreCompactHandler
 from contextledger.protocols import LedgerHandle
 from contextledger.provider_shapes import ProviderRequest, as_message_list, normalize, render
-from contextledger.request_path import RequestPath
+from contextledger.request_path import BUILT_AT, RequestPath
 from contextledger.rollback import rollback_event
 from contextledger.session_budget import SessionBudget
 from contextledger.session_state import SessionState
@@ -92,10 +92,12 @@ class Session:
     @property
     def request_seq(self) -> int:
         """The seq the last request view was built at: ``request_at(request_seq)`` gives
-        it back exactly, even when a background summary landed right after it. One value
-        a handle: of requests built at once on one handle, the one planned last; callers
-        that replay each of several concurrent requests build them on handles of their
-        own (``ledger.session(id)`` again)."""
+        it back exactly, even when a background summary landed right after it. Read in
+        the task that built the request, it is that request's, whatever other tasks built
+        on the handle meanwhile (the service's clients share one)."""
+        built = BUILT_AT.get()
+        if built is not None and built[0] is self._requests:
+            return built[1]
         return self._requests.request_seq
 
     @property

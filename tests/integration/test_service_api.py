@@ -467,3 +467,28 @@ async def test_a_view_a_provider_cannot_take_is_a_422_not_a_500(svc: Running) ->
     r = await c.get("/v1/sessions/bare/context", params={"provider": "anthropic"})
     assert r.status_code == 422 and r.headers["content-type"] == PROBLEM
     assert r.json()["code"] == "UNRENDERABLE"
+
+
+async def test_each_context_names_the_seq_it_replays_at_whatever_runs_beside_it(
+    svc: Running,
+) -> None:
+    # Clients append and read one session at once through one shared handle: the "at"
+    # each context answer names is the seq its own view was built at (it was the head
+    # read after the build, which another client's append may have moved).
+    c = svc.client
+    await c.post("/v1/sessions", json={"session_id": "at", "model": "gpt-4o"})
+    await c.post("/v1/sessions/at/messages", json={"message": user("first")})
+
+    async def append(i: int) -> None:
+        await c.post("/v1/sessions/at/messages", json={"message": user(f"a{i}")})
+
+    async def read() -> dict[str, Any]:
+        answer: dict[str, Any] = (await c.get("/v1/sessions/at/context")).json()
+        return answer
+
+    for _ in range(6):
+        done = await asyncio.gather(*(append(i) for i in range(4)), *(read() for _ in range(6)))
+        for answer in done[4:]:
+            assert isinstance(answer, dict)
+            replay = await c.get("/v1/sessions/at/context", params={"at": answer["at"]})
+            assert replay.json()["messages"] == answer["messages"]

@@ -395,7 +395,10 @@ async def context(
         messages = await session.get_messages_for_request(
             token_budget=token_budget, provider=target, in_force=False
         )
-    out: dict[str, Any] = {"messages": messages, "at": at if at is not None else session.head}
+    out: dict[str, Any] = {
+        "messages": messages,
+        "at": at if at is not None else session.request_seq,
+    }
     if provider is not None:
         shaped = await render(messages, provider, model or session.model)
         out.update(messages=shaped.messages, provider=provider, system=shaped.system)
