@@ -132,6 +132,13 @@ def validate_message(message: Any) -> dict[str, Any]:
                     f"tool_calls[{i}].function needs a string 'name'",
                     field=f"tool_calls[{i}].function",
                 )
+            arguments = function.get("arguments") if function is not None else None
+            if arguments is not None and not isinstance(arguments, str):
+                raise InvalidMessage(  # (its text need not parse: models emit broken JSON)
+                    f"tool_calls[{i}].function.arguments must be a string (the JSON text "
+                    "OpenAI sends), not an object",
+                    field=f"tool_calls[{i}].function.arguments",
+                )
     copied: dict[str, Any] = _copy_json(message, "message", 0)
     size = len(dumps(copied).encode("utf-8"))
     if size > MAX_MESSAGE_BYTES:

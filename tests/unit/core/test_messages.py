@@ -148,6 +148,20 @@ def test_tool_call_that_is_not_a_dict_with_id_is_rejected(call: Any) -> None:
     assert field_of(message) == "tool_calls[0]"
 
 
+@pytest.mark.parametrize("arguments", [{"path": "/etc"}, ["a"], 3, True])
+def test_tool_call_arguments_that_are_not_json_text_are_rejected(arguments: Any) -> None:
+    # (rendered for Anthropic or Gemini they failed every later request of the session)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert field_of(message) == "tool_calls[0].function.arguments"
+
+
+def test_tool_call_arguments_that_do_not_parse_are_kept_as_sent() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert validate_message(message) == message  # a model's broken JSON is still its call
+
+
 # --------------------------------------------------------------------------- rejections: JSON
 
 
