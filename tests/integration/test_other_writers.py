@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from contextledger import ConcurrencyError, Ledger, SessionNotFound
+from contextledger import ConcurrencyError, Ledger, Session, SessionNotFound
 from contextledger.hooks import CompactContext
 
 BUDGET = 400
@@ -19,14 +19,21 @@ def contents(request: list[dict[str, object]]) -> str:
     return "\n".join(str(m.get("content")) for m in request)
 
 
+async def with_view(ledger: Ledger, texts: list[str]) -> tuple[Session, str]:
+    """A handle on session "s" holding ``texts``, its request view built (cached), and
+    that view's contents."""
+    mine = await ledger.session("s", model="gpt-4o", config=CHARS)
+    await mine.add_messages([{"role": "user", "content": t} for t in texts])
+    return mine, contents(await mine.get_messages_for_request(BUDGET))
+
+
 async def test_a_session_purged_and_created_again_is_never_served_from_a_handle(
     ledger: Ledger,
 ) -> None:
-    mine = await ledger.session("s", model="gpt-4o", config=CHARS)
-    await mine.add_messages(
-        [{"role": "user", "content": f"SECRET-OLD note {i} about the cache"} for i in range(30)]
+    mine, view = await with_view(
+        ledger, [f"SECRET-OLD note {i} about the cache" for i in range(30)]
     )
-    assert "SECRET-OLD" in contents(await mine.get_messages_for_request(BUDGET))
+    assert "SECRET-OLD" in view
     await ledger.store.purge("s", "asked to forget")
     again = await ledger.session("s", model="gpt-4o", config=CHARS)
     await again.add_messages([{"role": "user", "content": f"new {i}"} for i in range(5)])
@@ -52,9 +59,7 @@ async def test_a_session_purged_and_created_again_is_never_served_from_a_handle(
 async def test_a_session_purged_and_grown_past_the_handle_is_refused_too(
     ledger: Ledger,
 ) -> None:
-    mine = await ledger.session("s", model="gpt-4o", config=CHARS)
-    await mine.add_messages([{"role": "user", "content": f"SECRET-OLD {i}"} for i in range(3)])
-    await mine.get_messages_for_request(BUDGET)
+    mine, _ = await with_view(ledger, [f"SECRET-OLD {i}" for i in range(3)])
     await ledger.store.purge("s", "asked to forget")
     again = await ledger.session("s", model="gpt-4o", config=CHARS)
     await again.add_messages([{"role": "user", "content": f"new {i}"} for i in range(10)])
@@ -66,11 +71,7 @@ async def test_a_session_purged_and_grown_past_the_handle_is_refused_too(
 async def test_settings_and_model_another_handle_records_are_the_next_requests(
     ledger: Ledger,
 ) -> None:
-    mine = await ledger.session("s", model="gpt-4o", config=CHARS)
-    await mine.add_messages(
-        [{"role": "user", "content": f"note {i} on the {i % 7} cache shard"} for i in range(60)]
-    )
-    await mine.get_messages_for_request(BUDGET)
+    mine, _ = await with_view(ledger, [f"note {i} on the {i % 7} cache shard" for i in range(60)])
     theirs = await ledger.session("s")
     await theirs.update_config({"recall": {"share": 0.35}})
     await theirs.set_model("gpt-4o-mini")

@@ -192,6 +192,17 @@ class SearchQuery:
     head: int | None = None
     hop: bool = False
 
+    @property
+    def seq(self) -> int:
+        """The request's seq: the head the caller knows (the search may be anchored
+        before it, at its query: ``core.recall.query_anchor``)."""
+        return self.upto_seq if self.head is None else max(self.head, self.upto_seq)
+
+    def moved_past(self, branch_base: int) -> bool:
+        """Whether a live search's branch was replaced after the request's seq (the seq
+        of the last rollback or clear is ``branch_base``): ``BranchMoved``."""
+        return self.branch is None and branch_base > self.seq
+
 
 class BranchMoved(ConcurrencyError):
     """A live search found the session's branch replaced (a rollback, a clear) after the

@@ -518,8 +518,7 @@ class MemoryStore(Store):
         from contextledger.store.postings import search
 
         stream = self._get(q.session_id)
-        top = q.upto_seq if q.head is None else max(q.head, q.upto_seq)
-        if q.branch is None and stream.branch_base > top:
+        if q.moved_past(stream.branch_base):
             raise BranchMoved(q.session_id)  # (see ``request_path.build``)
         # every message indexed (what a search reads stops at its own seq): on a branch
         # that holds them all (no rollback), nothing is checked message by message

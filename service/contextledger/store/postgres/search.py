@@ -536,14 +536,13 @@ class Search(Lineages):
         """The search's rows, best first: (seq, rank, message JSON, tokens, created_at);
         a second hop's after them with negated ranks, then neighbours with rank 0.
         A sealed session is not searched: its postings would be lexemes of ciphertext."""
-        session_id, upto_seq, branch, head = q.session_id, q.upto_seq, q.branch, q.head
+        session_id, upto_seq, branch = q.session_id, q.upto_seq, q.branch
         if await self._sealer(session_id) is not None:
             return []
         gaps = gate_gaps(upto_seq, q.exclude)
         closed = self._closed.get(session_id) if branch is None else None
         start = self._heads.get(session_id)
-        # the request's seq: the head the caller knows (its search may be anchored before)
-        top = upto_seq if head is None else max(head, upto_seq)
+        top = q.seq
         if (
             closed is not None
             and gaps is not None
@@ -593,8 +592,7 @@ class Search(Lineages):
         synced = await self._warm.sync(q.session_id, q.query, INDEX_TEXT_CONFIG, fetch, sync_sql())
         if synced is None:
             return []
-        top = q.upto_seq if q.head is None else max(q.head, q.upto_seq)
-        if q.branch is None and synced.on_branch is not None and synced.on_branch.base > top:
+        if synced.on_branch is not None and q.moved_past(synced.on_branch.base):
             raise BranchMoved(q.session_id)  # (a reset after the request's seq: see there)
         try:
             return await self._warm_rows(q, gaps, synced, fetch)
