@@ -174,13 +174,69 @@ async def test_a_rollback_between_a_requests_plan_and_its_search_rebuilds_it(
 
     mine.hooks.on("context:pre_compact", roll_back)
     for i in range(200):
-        await mine.add_message({"role": "user", "content": f"which quokka port now? {i}"})
+        # (two messages in one append: on PostgreSQL the request catches their postings
+        # up, and the catch-up reads the branch; a lone append's lexed postings need no
+        # catch-up, the test below)
+        await mine.add_messages(
+            [
+                {"role": "assistant", "content": f"checking {i}"},
+                {"role": "user", "content": f"which quokka port now? {i}"},
+            ]
+        )
         request = await mine.get_messages_for_request(BUDGET)
         if rolled:
             break
     assert rolled  # (the race was run)
     assert request == await mine.request_at(mine.request_seq, token_budget=BUDGET)
     assert mine.request_seq >= rolled[0]  # built again, on the branch after the rollback
+
+
+async def test_a_rollback_after_a_requests_plan_leaves_the_request_at_its_seq(
+    pg_dsn: str,
+) -> None:
+    # The same race where the request needs no catch-up (its postings came with the
+    # handle's own appends, ``warm.py``): nothing reads the branch after the plan, so the
+    # request is the one at the seq it was planned at, on the branch as of that seq (as
+    # if the rollback had landed just after it), and request_at rebuilds it; the handle's
+    # next request is on the branch after the rollback.
+    async with Ledger.open(pg_dsn) as ledger:
+        mine = await ledger.session("rb", model="gpt-4o", config=CHARS)
+        await mine.add_messages(
+            [
+                {"role": "user", "content": f"the quokka gateway port is {4000 + i}"}
+                for i in range(60)
+            ]
+        )
+        mark = await mine.checkpoint("early")
+        await mine.add_messages(
+            [
+                {"role": "user", "content": f"later the quokka port moved to {5000 + i}"}
+                for i in range(30)
+            ]
+        )
+        await mine.get_messages_for_request(BUDGET)
+        theirs = await ledger.session("rb")
+        rolled: list[int] = []
+
+        async def roll_back(event: str, data: object) -> None:
+            if not rolled:
+                rolled.append(await theirs.rollback(mark))
+
+        mine.hooks.on("context:pre_compact", roll_back)
+        for i in range(200):
+            await mine.add_message({"role": "user", "content": f"which quokka port now? {i}"})
+            request = await mine.get_messages_for_request(BUDGET)
+            if rolled:
+                break
+        assert rolled  # (the race was run)
+        assert mine.request_seq < rolled[0]
+        assert request == await mine.request_at(mine.request_seq, token_budget=BUDGET)
+        assert any("moved to 5029" in str(m["content"]) for m in request)  # the old branch
+        await mine.add_message({"role": "user", "content": "and now?"})
+        after = await mine.get_messages_for_request(BUDGET)
+        assert mine.request_seq > rolled[0]
+        assert not any("moved to" in str(m["content"]) for m in after)  # rolled back
+        assert after == await mine.request_at(mine.request_seq, token_budget=BUDGET)
 
 
 async def test_a_request_beside_its_own_handles_append_is_never_refused(pg_dsn: str) -> None:

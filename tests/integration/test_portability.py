@@ -249,6 +249,8 @@ async def test_the_batch_append_function_answers_as_the_statement_does(pg_dsn: s
                 (stale, sh + 1, 1, data, 5, now, None, "h1", "not-the-hash"),
             ]
             columns = [list(c) for c in zip(*rows, strict=True)]
+            if sql == APPEND_MESSAGES:  # (and whether to lex each message: ``warm.py``)
+                columns += [[False, False], [None, None]]
             got = await conn.fetch(sql, *columns)
             answers.append([(r[0] == good, r[1] - gt) for r in got])
             written.append(

@@ -7,14 +7,13 @@ and hot connections; ``tips``: per-session chain tips, locks and closed gates;
 package uses; import them from here.
 """
 
+from contextledger.store.postgres.lexemes import INDEX_TEXT_CONFIG, SEARCH_VECTOR
 from contextledger.store.postgres.search import (
     CLOSED,
-    INDEX_TEXT_CONFIG,
     MAX_GATE_GAPS,
     MAX_REMEMBERED,
     RECHECK_AFTER,
     SEARCH_POOL_BACKOFF,
-    SEARCH_VECTOR,
     gate_gaps,
     search_sql,
     search_statement,

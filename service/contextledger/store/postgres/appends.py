@@ -62,6 +62,7 @@ from contextledger.store.postgres.statements import (
     _stored,
     insert_view,
 )
+from contextledger.store.postgres.warm import Appended, lexed, query_of
 
 
 class Appends(Lineages):
@@ -70,15 +71,21 @@ class Appends(Lineages):
     _batcher: AppendBatcher
     _call_appends: bool  # the append functions, not the statements (Citus, PgBouncer)
 
-    async def _append_one(self, row: tuple[Any, ...]) -> Any:
-        sql = APPEND_MESSAGE_CALL if self._call_appends else APPEND_MESSAGE
-        return await self._hot(lambda conn: conn.fetchval(sql, *row))
+    async def _append_one(self, row: tuple[Any, ...]) -> Appended | None:
+        if self._call_appends:  # (the functions take the first nine: nothing is lexed)
+            tokens = await self._hot(lambda conn: conn.fetchval(APPEND_MESSAGE_CALL, *row[:9]))
+            return None if tokens is None else (tokens, None)
+        record = await self._hot(lambda conn: conn.fetchrow(APPEND_MESSAGE, *row))
+        return None if record is None else (record[0], lexed(row[1], row[10], record[1:]))
 
-    async def _append_many(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+    async def _append_many(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Appended]:
         columns = [list(c) for c in zip(*rows, strict=True)]
-        sql = APPEND_MESSAGES_CALL if self._call_appends else APPEND_MESSAGES
-        records = await self._hot(lambda conn: conn.fetch(sql, *columns))
-        return {r[0]: r[1] for r in records}
+        if self._call_appends:
+            records = await self._hot(lambda conn: conn.fetch(APPEND_MESSAGES_CALL, *columns[:9]))
+            return {r[0]: (r[1], None) for r in records}
+        records = await self._hot(lambda conn: conn.fetch(APPEND_MESSAGES, *columns))
+        asked = {row[0]: row for row in rows}
+        return {r[0]: (r[1], lexed(asked[r[0]][1], asked[r[0]][10], r[2:])) for r in records}
 
     @translated
     async def append(
@@ -164,6 +171,7 @@ class Appends(Lineages):
                     self._pool, session_id, head, last_hash, known, expected_seq
                 )
                 checked = (head, last_hash)
+            seal = await self._seal(session_id)  # kept: a dict lookup; fresh after a move
             event = make_event(
                 session_id,
                 head + 1,
@@ -171,11 +179,12 @@ class Appends(Lineages):
                 last_hash,
                 created_at=created_at,
                 idempotency_key=key,
-                seal=await self._seal(session_id),  # kept: a dict lookup; fresh after a move
+                seal=seal,
             )
             data_json = event.encoded.decode() if event.encoded is not None else _stored(event)
+            lex = seal is None and not self._call_appends and self._warm.lexes(session_id)
             try:
-                view_tokens = await self._batcher.submit(
+                appended = await self._batcher.submit(
                     (
                         session_id,
                         event.seq,
@@ -186,6 +195,8 @@ class Appends(Lineages):
                         key,
                         event.hash,
                         last_hash,
+                        lex,
+                        query_of(payload.message) if lex else None,
                     )
                 )
             except asyncpg.UniqueViolationError as exc:
@@ -195,10 +206,11 @@ class Appends(Lineages):
             except asyncpg.ForeignKeyViolationError:
                 raise SessionNotFound.for_session(session_id) from None
             except asyncpg.DeadlockDetectedError:  # our one row lock queued behind a cycle
-                view_tokens = None
-            if view_tokens is not None:
+                appended = None
+            if appended is not None:
+                view_tokens, lexemes = appended
                 self._remember_head(session_id, (event.seq, event.hash))
-                self._advance(session_id, (head, last_hash), (event.seq, event.hash))
+                self._advance(session_id, (head, last_hash), (event.seq, event.hash), lexemes)
                 return AppendResult((event.seq,), False, view_tokens, event.hash)
             # The head moved under us (another process) or the session is gone.
             head, last_hash = await self._head(session_id, fresh=True)

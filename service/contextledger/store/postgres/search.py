@@ -37,13 +37,14 @@ from contextledger.store.lexical import (
 )
 from contextledger.store.lineage import segments
 from contextledger.store.postgres.forks import Lineages
+from contextledger.store.postgres.lexemes import INDEX_TEXT_CONFIG, POSTINGS, SEARCH_VECTOR
 from contextledger.store.postgres.placeholders import bind
 from contextledger.store.postgres.statements import _BRANCH_BASE, S
 from contextledger.store.postgres.tips import _ClosedGate
 from contextledger.store.postgres.warm import (
     FACTS,
     FROM_HELD,
-    RECALL_MESSAGES,
+    MATCHED_MESSAGES,
     SYNC_TAIL,
     Fetch,
     Synced,
@@ -54,19 +55,6 @@ from contextledger.store.postings import Missing
 
 log = structlog.get_logger(__name__)
 
-#: The text search configuration recall's stored vectors are built with (``event_search``).
-INDEX_TEXT_CONFIG = "english"
-#: An event's search vector, as 0003 defined it (a message over 16 KiB is indexed by the
-#: first 16 KiB of its text: the parser costs ~0.2-0.6 µs a byte), less the role (since
-#: 0010: "user" and "assistant" were lexemes of every message).
-SEARCH_VECTOR = (
-    "CASE WHEN octet_length(e.data::text) <= 16384"
-    " THEN jsonb_to_tsvector('english'::regconfig,"
-    " coalesce((e.data -> 'message') - 'role', e.data -> 'messages', '{}'::jsonb),"
-    ' \'["string", "numeric"]\')'
-    " ELSE to_tsvector('english'::regconfig, left(coalesce(e.data -> 'message' ->> 'content',"
-    " (e.data -> 'messages')::text, ''), 16384)) END"
-)
 #: Seqs of the branch up to seq $upto: the current branch, or (replays) the seqs in $branch, the
 #: branch as of the replayed seq, sent as ranges (``seq_ranges``). Hashed subplans or a
 #: binary search over the ranges: O(1) or O(log ranges) per row.
@@ -105,26 +93,10 @@ MAX_FILLS = 100
 INDEX_BATCH = 32
 
 
-#: A message's postings from its vector ``v`` (migration 0010 spells the same rows).
-#: ``dl`` is the message's length in tokens (its lexemes' counts summed), as BM25 has it:
-#: with the number of distinct lexemes (0010 to 0014), a message repeating one sentence
-#: five times had each word's tf at 5 and the length of one sentence.
-POSTINGS = """
-    SELECT v.session_id, t.lexeme, v.seq, v.tenant_id,
-           least(coalesce(array_length(t.positions, 1), 1), 32767)::smallint AS tf,
-           least(n.dl, 32767)::smallint AS dl
-      FROM {src} v
-     CROSS JOIN LATERAL (SELECT sum(coalesce(array_length(u.positions, 1), 1))::int AS dl
-                           FROM unnest(v.v) u) n
-     CROSS JOIN LATERAL unnest(v.v) t
-    UNION ALL
-    SELECT v.session_id, '', v.seq, v.tenant_id, 0::smallint,
-           least((SELECT sum(coalesce(array_length(u.positions, 1), 1))::int
-                    FROM unnest(v.v) u), 32767)::smallint
-      FROM {src} v"""
-#: Postings are not written by appends (0006, 0010: the parser would run in every append):
-#: the search indexes the session's message events above its highest indexed seq, up to
-#: the session's head (the SQL search in the same statement; the warm path, ``warm.py``,
+#: Postings are not written by appends (0006, 0010: the parser would run in every append;
+#: an append to a session this process searches computes its message's and returns them,
+#: ``warm.py``): the search indexes the session's message events above its highest indexed
+#: seq, up to the session's head (the SQL search in the same statement; the warm path, ``warm.py``,
 #: computes them in its catch-up and stores them after the request, ``INDEX_BEHIND``,
 #: built from this), reading each by its key in a LATERAL
 #: lookup (as a range ``seq > upto``, the generic plan scanned the events table: 15 of an 18
@@ -484,7 +456,7 @@ _HEAD = f"WHERE h.session_id = $1 AND h.tenant_id = {S}.current_tenant()))"
 INDEX_BEHIND = (
     _CATCH_UP.replace(_HEAD, _HEAD[:-2] + " FOR KEY SHARE))")
     + _STORE_FRESH.rstrip().rstrip(",")
-    + "\nSELECT count(*) FROM fresh"
+    + "\nSELECT count(*), max(seq) FROM fresh"
 )
 
 
@@ -589,7 +561,9 @@ class Search(Lineages):
         catches them up, they are ranked here, one more reads the matches' messages.
         Rows as ``_sql_search``'s."""
         fetch = self._fetch(q.session_id, live=q.branch is None)
-        synced = await self._warm.sync(q.session_id, q.query, INDEX_TEXT_CONFIG, fetch, sync_sql())
+        synced = await self._warm.sync(
+            q.session_id, q.query, INDEX_TEXT_CONFIG, fetch, sync_sql(), seq=q.seq
+        )
         if synced is None:
             return []
         if synced.on_branch is not None and q.moved_past(synced.on_branch.base):
@@ -634,14 +608,12 @@ class Search(Lineages):
             raise RuntimeError(f"recall: {MAX_FILLS} rounds of loads for one search")
         if not found:
             return []
+        # Every seq is of the branch the ranking kept to (the hold's as of the request's
+        # seq, or the replay's): read by key whatever the branch is now (a rollback that
+        # landed since is after the request's seq; ``warm.ranked``).
         values: dict[str, Any] = {"seqs": sorted({s for s, _ in found} | set(near))}
         values["upto"] = q.upto_seq
-        if q.branch is None:
-            text = RECALL_MESSAGES.format(branch=_ON_BRANCH)
-        else:
-            text = RECALL_MESSAGES.format(branch=_ON_GIVEN_BRANCH)
-            values["branch"] = seq_ranges(q.branch)
-        read = {r[0]: r for r in await fetch(text, values)}
+        read = {r[0]: r for r in await fetch(MATCHED_MESSAGES, values)}
         rows = [(s, score, *read[s][1:]) for s, score in found if s in read]
         return rows + [(s, 0.0, *read[s][1:]) for s in near if s in read]
 
@@ -681,7 +653,9 @@ class Search(Lineages):
             while True:
                 self._index_again.discard(session_id)
                 statement, args = bind(INDEX_BEHIND, {}, session_id)
-                await self._run_search(statement, args, live=True)
+                ((_, upto),) = await self._run_search(statement, args, live=True)
+                if upto is not None:
+                    self._warm.stored(session_id, upto)
                 if session_id not in self._index_again:
                     break
         except asyncpg.ReadOnlySQLTransactionError:  # a standby: searched, never stored

@@ -20,12 +20,18 @@ from contextledger.errors import SessionErased, SessionNotEncrypted
 from contextledger.store.base import (
     SessionInfo,
 )
+from contextledger.store.postgres.lexemes import LEXED, QUERY_LEXEMES
 from contextledger.store.sealing import Sealer, is_sealed_message
 
 log = structlog.get_logger(__name__)
 S = "contextledger"
 _RETRIES = 50
 
+#: One message appended; for a session whose postings this process holds ($10: ``warm.py``),
+#: the message's lexemes and their counts (``LEXED``: its postings, ``warm.lexed``) and,
+#: for a human turn, the lexemes of the query text the next request searches with ($11),
+#: in the same round trip: the request then has nothing to catch up
+#: (``WarmIndexes.appended``). NULL arrays otherwise; no row when the head check failed.
 APPEND_MESSAGE = f"""
 WITH s AS (
     UPDATE {S}.sessions
@@ -37,15 +43,18 @@ WITH s AS (
                             idempotency_key, hash)
     SELECT $1, $2, 'message.appended', $3, $4::jsonb, $5, $6, $7, $8 FROM s
 )
-SELECT view_tokens FROM s
+SELECT s.view_tokens, p.lexemes, p.tfs, {QUERY_LEXEMES.format(query="$11::text")}
+  FROM s CROSS JOIN LATERAL ({LEXED.format(data="$4", lex="$10::boolean")}) p
 """
 
 #: The same append for many sessions at once (see batching.py): one round trip, one commit.
 APPEND_MESSAGES = f"""
 WITH i AS (
     SELECT * FROM unnest($1::text[], $2::bigint[], $3::smallint[], $4::text[], $5::int[],
-                         $6::timestamptz[], $7::text[], $8::text[], $9::text[])
-        AS t(session_id, seq, version, data, tokens, created_at, idempotency_key, hash, prev)
+                         $6::timestamptz[], $7::text[], $8::text[], $9::text[],
+                         $10::boolean[], $11::text[])
+        AS t(session_id, seq, version, data, tokens, created_at, idempotency_key, hash, prev,
+             lex, query)
 ), l AS (  -- row locks in one global order: batches of two processes cannot deadlock
     SELECT x.session_id FROM {S}.sessions x WHERE x.session_id IN (SELECT session_id FROM i)
      ORDER BY x.session_id FOR NO KEY UPDATE
@@ -64,7 +73,9 @@ WITH i AS (
            i.created_at, i.idempotency_key, i.hash
       FROM i JOIN s ON s.session_id = i.session_id AND s.head = i.seq
 )
-SELECT session_id, view_tokens FROM s
+SELECT s.session_id, s.view_tokens, p.lexemes, p.tfs, {QUERY_LEXEMES.format(query="i.query")}
+  FROM s JOIN i ON i.session_id = s.session_id AND i.seq = s.head
+ CROSS JOIN LATERAL ({LEXED.format(data="i.data", lex="i.lex")}) p
 """
 
 #: Several messages to one session in one statement (``add_messages``, synthetic results

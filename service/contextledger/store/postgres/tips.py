@@ -16,7 +16,7 @@ from contextledger.errors import KeyUnavailable
 from contextledger.store.lineage import Lineage
 from contextledger.store.postgres.connections import Connections
 from contextledger.store.postgres.statements import S, _erased
-from contextledger.store.postgres.warm import WarmIndexes
+from contextledger.store.postgres.warm import Lexed, WarmIndexes
 from contextledger.store.sealing import KEK_ENV, KEK_FILE_ENV, KeyRing, Sealer
 
 #: Chain tips remembered (``_remember_head``): ~200 bytes each.
@@ -69,15 +69,24 @@ class ChainTips(Connections):
             cached = (info.head, info.last_hash)
         return cached
 
-    def _advance(self, session_id: str, base: tuple[int, str], tip: tuple[int, str]) -> None:
+    def _advance(
+        self,
+        session_id: str,
+        base: tuple[int, str],
+        tip: tuple[int, str],
+        lexed: Lexed | None = None,
+    ) -> None:
         """An append through this store linked ``tip`` onto ``base`` (the statement checks the
-        link): a remembered closed gate follows the chain only while it is extended here."""
+        link): a remembered closed gate follows the chain only while it is extended here,
+        and so do the postings held of the session (``WarmIndexes.appended``: ``lexed``,
+        what the append computed of them; None, a gap they catch up over)."""
         closed = self._closed.get(session_id)
         if closed is not None:
             if closed.tip == base:
                 self._closed[session_id] = closed._replace(tip=tip)
             else:
                 del self._closed[session_id]
+        self._warm.appended(session_id, base, tip, lexed)
 
     # -- sealing and erasure (store/sealing.py, migration 0013) -----------------------
 

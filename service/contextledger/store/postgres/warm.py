@@ -15,6 +15,13 @@ Nothing on the request path writes or reads the history whole:
   postings newest first by the key (``Missing``, ``fill``), then the rest is read in a
   task and added a few lexemes at a time, if it fits the process's budget (``complete``).
 
+An append through this store to a session held here computes the message's postings in
+its own statement (``statements.APPEND_MESSAGE``; a human turn's query lexemes too), and
+the hold keeps them linked by the chain (``appended``): a request whose seq they reach,
+asking with that turn's text, then makes no catch-up statement (``_caught_up``). Another
+writer's event, a cold-path event, a batch of messages or a store that calls the append
+functions (Citus, PgBouncer) leaves a gap in that chain, and the next request catches up.
+
 Live searches and replays take this path alike, so ``request_at`` rebuilds the block the
 live request made. Citus and other text search configurations keep the SQL search.
 """
@@ -26,13 +33,15 @@ import itertools
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from contextledger.core.recall import MAX_QUERY_CHARS, message_text
+from contextledger.core.units import is_human_turn
 from contextledger.store.lexical import neighbours
 from contextledger.store.postgres.statements import S
 from contextledger.store.postings import Branch, Missing, Postings, search
@@ -102,7 +111,7 @@ OLDER_AT_LEAST = 256
 #: Messages of the branch by seq (``{branch}``: the live branch's or a replay's predicate),
 #: each read by its key: as ``seq = ANY($seqs)`` the generic plan took ``seq <= $upto`` for
 #: the index condition and filtered every event of the session (3.7 ms for 58 rows at
-#: 1,700 turns; 0.3 ms by key).
+#: 1,700 turns; 0.3 ms by key). (``Vectors.recall_messages``: the hybrid engine's reads.)
 RECALL_MESSAGES = f"""
 SELECT e.seq, (e.data -> 'message')::text, e.tokens, e.created_at
   FROM unnest($seqs::bigint[]) g(seq) CROSS JOIN LATERAL (
@@ -111,10 +120,70 @@ SELECT e.seq, (e.data -> 'message')::text, e.tokens, e.created_at
         OFFSET 0) e
  WHERE {{branch}}
  ORDER BY e.seq"""
+#: The warm search's matches and neighbours: messages by seq as ``RECALL_MESSAGES`` reads
+#: them, up to the request's seq ($upto), whatever the branch is now: the seqs are of the
+#: branch the ranking kept to (``ranked``; a rollback that landed since is after the
+#: request's seq, and the live branch's predicate would drop the request's own).
+MATCHED_MESSAGES = RECALL_MESSAGES.format(
+    branch="e.type = 'message.appended' AND e.seq <= $upto::bigint"
+)
 #: The messages of the branch below its base (after a rollback; ``_BRANCH_SEQS``).
 BRANCH_BELOW = f"""
 SELECT seq FROM {S}.branch_items
  WHERE session_id = $1 AND part = 0 AND tenant_id = {S}.current_tenant()"""
+
+
+#: Messages an append may link onto a hold before the next request (past it, a gap: the
+#: request catches up as before); each holds its postings until that request.
+MAX_LINKS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Lexed:
+    """What an append computed of its message (``APPEND_MESSAGE``): its postings as
+    ``(lexeme, seq, tf, dl)`` rows, and for a human turn ``(query text, its lexemes)``."""
+
+    rows: list[tuple[str, int, int, int]]
+    query: tuple[str, list[str]] | None
+
+
+#: An append's answer: the session's new view tokens and what it lexed (None: nothing).
+Appended = tuple[int, Lexed | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Link:
+    """A message this store appended onto ``prior`` (seq, hash), with its postings."""
+
+    prior: tuple[int, str]
+    seq: int
+    hash: str
+    rows: list[tuple[str, int, int, int]]
+
+
+def query_of(message: Mapping[str, Any]) -> str | None:
+    """The text a request asks recall with when ``message`` is its latest human turn
+    (``core.recall.query_text`` with no tool call after it); None for other messages."""
+    if not is_human_turn(message):
+        return None
+    return message_text(message)[:MAX_QUERY_CHARS] or None
+
+
+def lexed(seq: int, query: str | None, columns: Sequence[Any]) -> Lexed | None:
+    """An append's lexed columns (``lexemes.LEXED``'s lexemes and counts, and the query's
+    lexemes) as ``Lexed``, its rows those ``POSTINGS`` spells for the message (each count
+    and the length at most 32,767; a message without words has only the empty lexeme's
+    row, its length 32,767 as ``least(NULL, 32767)`` makes it); None when the append was
+    not asked to lex."""
+    lexemes, tfs, query_lexemes = columns
+    if lexemes is None:
+        return None
+    dl = min(sum(tfs), 32767) if tfs else 32767
+    rows = [(lx, seq, min(tf, 32767), dl) for lx, tf in zip(lexemes, tfs, strict=True)]
+    rows.append(("", seq, 0, dl))
+    if query is None or query_lexemes is None:
+        return Lexed(rows, None)
+    return Lexed(rows, (query, list(query_lexemes)))
 
 
 @dataclass
@@ -135,6 +204,13 @@ class _Warm:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: whether the postings below ``postings.base`` were asked for (``complete_later``)
     asked: bool = False
+    #: the seq the server's stored postings reach (as last read, or stored since)
+    indexed: int = 0
+    #: messages appended here since the postings' ``upto``, each linked onto the one
+    #: before (``WarmIndexes.appended``); None: a gap since, the next request catches up
+    links: list[_Link] | None = field(default_factory=list)
+    #: the latest human turn appended here: its query text and lexemes
+    query: tuple[str, list[str]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +269,8 @@ class WarmIndexes:
         self._budget = budget
         self._completing: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: requests that the appends made here had caught up (no catch-up statement)
+        self.caught_up = 0
         with _PROCESS.lock:
             _PROCESS.indexes.add(self)
 
@@ -207,11 +285,45 @@ class WarmIndexes:
             if warm is not None:
                 _PROCESS.total -= warm.size
 
+    def lexes(self, session_id: str) -> bool:
+        """Whether an append to the session should compute its message's postings: the
+        session is held here, loaded, and its links have no gap."""
+        warm = self._held.get(session_id)
+        return warm is not None and warm.tip is not None and warm.links is not None
+
+    def appended(
+        self, session_id: str, prior: tuple[int, str], tip: tuple[int, str], lexed: Lexed | None
+    ) -> None:
+        """An append through this store linked ``tip`` onto ``prior``: its postings are
+        kept for the next request if they continue the chain the hold follows; else
+        (another writer's events in between, nothing lexed, too many) the hold has a gap
+        until a request catches up."""
+        warm = self._held.get(session_id)
+        if warm is None or warm.links is None:
+            return
+        links = warm.links
+        end = (links[-1].seq, links[-1].hash) if links else (warm.postings.upto, warm.tip)
+        if lexed is None or prior != end or len(links) >= MAX_LINKS:
+            warm.links = None
+            return
+        links.append(_Link(prior, tip[0], tip[1], lexed.rows))
+        if lexed.query is not None:
+            warm.query = lexed.query
+
     async def sync(
-        self, session_id: str, query: str, config: str, fetch: Fetch, sql: str
+        self,
+        session_id: str,
+        query: str,
+        config: str,
+        fetch: Fetch,
+        sql: str,
+        *,
+        seq: int | None = None,
     ) -> Synced | None:
         """The session's postings caught up with the ledger (``fetch`` runs a statement
-        by its named values; ``sql`` is the catch-up's text). None: no session."""
+        by its named values; ``sql`` is the catch-up's text). None: no session. A request
+        at ``seq`` that the appends made here have caught up (``_caught_up``) makes no
+        statement."""
         with _PROCESS.lock:
             warm = self._held.get(session_id)
             if warm is None:
@@ -220,38 +332,94 @@ class WarmIndexes:
         warm.used = next(_PROCESS.ticks)  # (a first load in progress is the newest)
         async with warm.lock:
             held = warm.postings
-            start = held.upto if warm.tip is not None else None
-            rows = await fetch(sql, {"from": start, "query": query, "config": config})
-            fresh: list[tuple[str, int, int, int]] = []
-            lexemes: list[str] = []
-            facts: dict[int, tuple[int, str | None]] = {}
-            for kind, lexeme, seq, tf, dl, text in rows:
-                if kind == 0:
-                    fresh.append((lexeme, seq, tf, dl))
-                elif kind == 1:
-                    lexemes.append(lexeme)
-                else:
-                    facts[kind] = (seq, text)
-            if len(facts) < 4:  # no such session (purged, say)
-                self.forget(session_id)
-                return None
-            (head, tip), (base, _), (indexed, at_from), (gen, _) = (facts[k] for k in (2, 3, 4, 5))
-            if warm.tip is not None and at_from != warm.tip:
-                # another chain under the same id (purged and written again): start over
-                self.forget(session_id)
-                return await self.sync(session_id, query, config, fetch, sql)
-            unstored = any(r[1] > indexed for r in fresh)
-            if warm.tip is None:  # the stored postings are read as searches need them
-                held.base = indexed + 1
-            fresh = sorted((r for r in fresh if r[1] > held.upto), key=lambda r: r[1])
-            held.extend(fresh)
-            held.upto, warm.tip = head, tip
-            if (base, gen) != (warm.base, warm.gen):
-                below = await fetch(BRANCH_BELOW, {}) if base else []
-                warm.base, warm.gen, warm.below = base, gen, frozenset(r[0] for r in below)
+            lexemes = self._caught_up(warm, query, seq)
+            if lexemes is not None:
+                taken = self._take_links(warm)
+                unstored = bool(taken) and taken[-1].seq > warm.indexed
+                lag = held.upto - warm.indexed if unstored else 0
+                self.caught_up += 1
+            else:
+                start = held.upto if warm.tip is not None else None
+                rows = await fetch(sql, {"from": start, "query": query, "config": config})
+                fresh = []
+                lexemes = []
+                facts: dict[int, tuple[int, str | None]] = {}
+                for kind, lexeme, at, tf, dl, text in rows:
+                    if kind == 0:
+                        fresh.append((lexeme, at, tf, dl))
+                    elif kind == 1:
+                        lexemes.append(lexeme)
+                    else:
+                        facts[kind] = (at, text)
+                if len(facts) < 4:  # no such session (purged, say)
+                    self.forget(session_id)
+                    return None
+                (head, tip), (base, _), (indexed, at_from), (gen, _) = (
+                    facts[k] for k in (2, 3, 4, 5)
+                )
+                if warm.tip is not None and at_from != warm.tip:
+                    # another chain under the same id (purged and written again): start over
+                    self.forget(session_id)
+                    return await self.sync(session_id, query, config, fetch, sql)
+                unstored = any(r[1] > indexed for r in fresh)
+                if warm.tip is None:  # the stored postings are read as searches need them
+                    held.base = indexed + 1
+                fresh = sorted((r for r in fresh if r[1] > held.upto), key=lambda r: r[1])
+                held.extend(fresh)
+                held.upto, warm.tip = head, tip
+                warm.indexed = max(warm.indexed, indexed)
+                if warm.links is None:  # caught up over the gap: appends link on again
+                    warm.links = []
+                else:  # (appends that ended during the read: those past it stay)
+                    warm.links = [link for link in warm.links if link.seq > head]
+                if (base, gen) != (warm.base, warm.gen):
+                    below = await fetch(BRANCH_BELOW, {}) if base else []
+                    warm.base, warm.gen, warm.below = base, gen, frozenset(r[0] for r in below)
+                lag = head - indexed
         self._account(session_id, warm)  # (not if dropped meanwhile: then uncounted)
         on_branch = Branch(warm.base, warm.below) if warm.base else None
-        return Synced(session_id, held, lexemes, on_branch, unstored, head - indexed)
+        return Synced(session_id, held, lexemes, on_branch, unstored, lag)
+
+    @staticmethod
+    def _caught_up(warm: _Warm, query: str, seq: int | None) -> list[str] | None:
+        """The query's lexemes if the hold needs no catch-up for a request at ``seq``
+        asking ``query``: the appends linked since (each by this store, onto the one
+        before, from the postings' tip: nobody else wrote in between) reach ``seq``, and
+        ``query`` is the text the latest human turn appended here was lexed with. The
+        branch and the stored postings are the hold's as last read: only messages were
+        appended since. None: catch up."""
+        if seq is None or warm.tip is None or warm.links is None or warm.query is None:
+            return None
+        if warm.query[0] != query:
+            return None
+        held = warm.postings
+        at = (held.upto, warm.tip)
+        reach = held.upto
+        for link in warm.links:
+            if link.seq <= held.upto:
+                continue
+            if link.prior != at:
+                return None
+            at, reach = (link.seq, link.hash), link.seq
+        return list(warm.query[1]) if seq <= reach else None
+
+    @staticmethod
+    def _take_links(warm: _Warm) -> list[_Link]:
+        """The links past the postings' ``upto``, added to them (``_caught_up`` said
+        they form the chain from its tip)."""
+        held = warm.postings
+        links = [link for link in warm.links or () if link.seq > held.upto]
+        if links:
+            held.extend([r for link in links for r in link.rows])
+            held.upto, warm.tip = links[-1].seq, links[-1].hash
+        warm.links = []
+        return links
+
+    def stored(self, session_id: str, upto: int) -> None:
+        """The server's postings now reach ``upto`` (``Search._index``)."""
+        warm = self._held.get(session_id)
+        if warm is not None:
+            warm.indexed = max(warm.indexed, upto)
 
     async def fill(self, synced: Synced, missing: Missing, fetch: Fetch, forward_sql: str) -> None:
         """What a search of ``synced``'s postings found missing (``Postings.older``,
@@ -407,7 +575,9 @@ def ranked(
     limit: int,
     hop: bool,
 ) -> tuple[list[tuple[int, float]], list[int]]:
-    """The matches (``postings.search``) and the neighbours whose messages come with them."""
+    """The matches (``postings.search``) and the neighbours whose messages come with them,
+    all of the branch: the hold's as of its last catch-up (``synced.on_branch``; only this
+    store's message appends since, when none was needed), or the replay's ``branch``."""
     keep = Branch.of(set(branch), upto_seq) if branch is not None else synced.on_branch
     found = search(
         synced.postings,
@@ -420,4 +590,4 @@ def ranked(
     )
     seqs = {seq for seq, _ in found}
     near = neighbours([seq for seq, score in found if score > 0], upto_seq, exclude)
-    return found, [n for n in near if n not in seqs]
+    return found, [n for n in near if n not in seqs and (keep is None or n in keep)]

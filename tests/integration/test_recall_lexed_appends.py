@@ -1,0 +1,297 @@
+"""Appends that lex for recall (``statements.APPEND_MESSAGE``, ``WarmIndexes.appended``):
+a session this process searches gets its new messages' postings and its latest human
+turn's query lexemes from the appends themselves, so its next request makes no catch-up
+statement. The postings must be the rows the catch-up would have computed, every request
+must replay the same from a process that never saw the appends, and anything but a chain
+of this store's own message appends (another writer, a cold-path event, a batch of
+messages, a tool call's query, the append functions of PgBouncer and Citus) must fall back
+to the catch-up."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import asyncpg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contextledger import Ledger, Session
+from contextledger.store.dsn import asyncpg_dsn
+from contextledger.store.postgres import PostgresStore
+from tests.integration.test_recall import FACT, QUESTION, chatter, planted, recall_blocks
+
+BUDGET = 2000
+
+
+def warm_of(ledger: Ledger) -> Any:
+    store = ledger.store
+    assert isinstance(store, PostgresStore)
+    return store._warm
+
+
+async def stored_postings(dsn: str, session_id: str, seqs: set[int]) -> dict[int, Any]:
+    """The postings the server stored for ``seqs`` (``INDEX_BEHIND``, the catch-up's SQL):
+    per seq, its length and its lexemes' counts."""
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        rows = await conn.fetch(
+            "SELECT seq, lexeme, tf, dl FROM contextledger.event_terms"
+            " WHERE session_id = $1 AND seq = ANY($2::bigint[])",
+            session_id,
+            sorted(seqs),
+        )
+    finally:
+        await conn.close()
+    found: dict[int, Any] = {}
+    for seq, lexeme, tf, dl in rows:
+        length, terms = found.setdefault(seq, [dl, {}])
+        assert length == dl
+        if lexeme:
+            terms[lexeme] = tf
+    return {seq: (dl, terms) for seq, (dl, terms) in found.items()}
+
+
+def held_postings(ledger: Ledger, session_id: str, seqs: set[int]) -> dict[int, Any]:
+    """The same, from the postings this process holds."""
+    held = warm_of(ledger)._held[session_id].postings
+    out: dict[int, Any] = {}
+    for seq in seqs:
+        terms = {}
+        for lexeme in held.lexemes[seq]:
+            at = list(held.seqs[lexeme]).index(seq)
+            terms[lexeme] = held.tfs[lexeme][at]
+        out[seq] = (held.dls[seq], terms)
+    return out
+
+
+async def replays_agree(dsn: str, session_id: str, requests: dict[int, Any]) -> None:
+    """Every request, rebuilt by a process that never held the session."""
+    async with Ledger.open(dsn) as other:
+        session = await other.session(session_id)
+        for seq, request in requests.items():
+            assert await session.request_at(seq, token_budget=BUDGET) == request, seq
+
+
+ODD_MESSAGES: list[dict[str, Any]] = [
+    {"role": "user", "content": "Carla flew to Lisbon on 12 March 2024, gate B17, row 31."},
+    {"role": "assistant", "content": ""},
+    {"role": "user", "content": "again and again and again and again, the same words " * 6},
+    {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "what does the whiteboard photo say about quokkas?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        ],
+    },
+    {"role": "assistant", "content": "A long one: " + "orchard ledger relay 7311 " * 900},
+    {"role": "user", "content": "¿Dónde está la estación? naïve café — 東京 and O'Brien's"},
+    {"role": "assistant", "content": "It is 3.5 km north; call +1-555-0100 or mail a@b.io."},
+]
+
+
+async def test_a_request_after_its_own_appends_makes_no_catch_up_and_holds_the_same_postings(
+    pg_dsn: str,
+) -> None:
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await planted(ledger)
+        await session.get_messages_for_request(BUDGET)  # searched: held here from now on
+        warm = warm_of(ledger)
+        before = warm.caught_up
+        requests: dict[int, Any] = {}
+        first = session.head + 1
+        for n, message in enumerate(ODD_MESSAGES * 2):
+            await session.add_message(message)
+            if message["role"] == "user":
+                requests[session.head] = await session.get_messages_for_request(BUDGET)
+            if n % 3 == 0:
+                await session.add_message({"role": "assistant", "content": f"noted {n}"})
+        requests[session.head] = await session.get_messages_for_request(BUDGET)  # (after a reply)
+        # every request: each followed only this store's appends of messages
+        asked = sum(1 for m in ODD_MESSAGES * 2 if m["role"] == "user")
+        assert warm.caught_up - before == asked + 1
+        seqs = set(range(first, session.head + 1))
+        held = held_postings(ledger, "r", seqs)
+        await ledger.store.wait_indexed()  # the catch-up's SQL stores the same messages
+        assert held == await stored_postings(pg_dsn, "r", seqs)
+        assert len(held) == len(seqs)  # (every one a message: none left out of the check)
+    await replays_agree(pg_dsn, "r", requests)
+
+
+async def test_another_writers_append_is_caught_up_and_found(pg_dsn: str) -> None:
+    async with Ledger.open(pg_dsn) as here, Ledger.open(pg_dsn) as there:
+        session = await planted(here)
+        await session.get_messages_for_request(BUDGET)
+        warm = warm_of(here)
+        theirs = await there.session("r")
+        await theirs.add_message({"role": "user", "content": "The quokka relay listens on 7399."})
+        await chatter(theirs, 25, start=300)
+        await session.refresh()
+        # this handle appends on top of the other's events: its link has a gap before it
+        await session.add_message({"role": "user", "content": "Which port has the quokka relay?"})
+        before = warm.caught_up
+        request = await session.get_messages_for_request(BUDGET)
+        assert warm.caught_up == before  # caught up by the statement
+        assert any("7399" in b for b in recall_blocks(request))
+        # and linked again from there: the next turn needs no catch-up
+        await session.add_message({"role": "assistant", "content": "On 7399."})
+        await session.add_message({"role": "user", "content": QUESTION})
+        request = await session.get_messages_for_request(BUDGET)
+        assert warm.caught_up == before + 1
+        assert any("18443" in b for b in recall_blocks(request))
+
+
+async def test_what_its_appends_do_not_lex_is_caught_up(pg_dsn: str) -> None:
+    """A batch of messages, a checkpoint, a rollback, a tool call's query: the request
+    after each takes the catch-up, and every request replays the same elsewhere."""
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await planted(ledger)
+        await session.get_messages_for_request(BUDGET)
+        warm = warm_of(ledger)
+        requests: dict[int, Any] = {}
+
+        async def asked(*, caught_up: bool) -> None:
+            before = warm.caught_up
+            requests[session.head] = await session.get_messages_for_request(BUDGET)
+            assert warm.caught_up == before + caught_up
+
+        await session.add_messages(
+            [
+                {"role": "assistant", "content": "Two at once: the relay is on 7311."},
+                {"role": "user", "content": "Where does the quokka relay listen?"},
+            ]
+        )
+        await asked(caught_up=False)
+        await session.add_message({"role": "assistant", "content": "On 7311."})
+        await session.add_message({"role": "user", "content": "And the canary port?"})
+        await asked(caught_up=True)
+        mark = await session.checkpoint("before the tool")
+        await asked(caught_up=False)  # the checkpoint is an event no append lexed
+        await session.add_message(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": '{"q": "canary port"}'},
+                    }
+                ],
+            }
+        )
+        await asked(caught_up=False)  # the query reads the tool call too
+        await session.add_message({"role": "tool", "tool_call_id": "c1", "content": "18443"})
+        await session.rollback(mark)
+        await session.add_message({"role": "user", "content": "So which port was it?"})
+        await asked(caught_up=False)  # the rollback's event: a gap
+        await session.add_message({"role": "assistant", "content": "18443."})
+        await session.add_message({"role": "user", "content": FACT})
+        await asked(caught_up=True)
+    await replays_agree(pg_dsn, "r", requests)
+
+
+async def test_appends_batched_across_sessions_lex_each_of_them(pg_dsn: str) -> None:
+    async with Ledger.open(pg_dsn) as ledger:
+        sessions: list[Session] = []
+        for n in range(6):
+            session = await ledger.session(f"b{n}", config={"token_counter": "chars"})
+            await session.add_message({"role": "user", "content": f"{FACT} (copy {n})"})
+            await chatter(session, 30, start=10 * n)
+            await session.add_message({"role": "user", "content": QUESTION})
+            await session.get_messages_for_request(BUDGET)
+            sessions.append(session)
+        store = ledger.store
+        assert isinstance(store, PostgresStore)
+        warm = warm_of(ledger)
+        batches, before = store._batcher.batches, warm.caught_up
+        requests: dict[str, dict[int, Any]] = {s.session_id: {} for s in sessions}
+        for turn in range(4):
+            await asyncio.gather(
+                *(
+                    s.add_message({"role": "assistant", "content": f"reply {turn} to {n}"})
+                    for n, s in enumerate(sessions)
+                )
+            )
+            await asyncio.gather(
+                *(
+                    s.add_message({"role": "user", "content": f"{QUESTION} ({turn}, {n})"})
+                    for n, s in enumerate(sessions)
+                )
+            )
+            for s in sessions:
+                requests[s.session_id][s.head] = await s.get_messages_for_request(BUDGET)
+        assert store._batcher.batches > batches  # (the batch statement ran)
+        assert warm.caught_up - before == 4 * len(sessions)
+        for s in sessions:
+            seqs = set(range(s.head - 7, s.head + 1))
+            held = held_postings(ledger, s.session_id, seqs)
+            await store.wait_indexed()
+            assert held == await stored_postings(pg_dsn, s.session_id, seqs)
+    for session_id, asked in requests.items():
+        await replays_agree(pg_dsn, session_id, asked)
+
+
+async def test_the_append_functions_lex_nothing(pg_dsn: str) -> None:
+    """Behind PgBouncer (and on Citus) appends call the server's functions, which return
+    no postings: every request catches up, and finds what it did before."""
+    async with Ledger.open(pg_dsn, pgbouncer=True) as ledger:
+        session = await planted(ledger)
+        await session.get_messages_for_request(BUDGET)
+        warm = warm_of(ledger)
+        for n in range(3):
+            await session.add_message({"role": "assistant", "content": f"noted {n}"})
+            await session.add_message({"role": "user", "content": QUESTION})
+            request = await session.get_messages_for_request(BUDGET)
+            assert any("18443" in b for b in recall_blocks(request))
+        assert warm.caught_up == 0
+
+
+WORDS = ["quokka", "relay", "port", "canary", "Lisbon", "7311", "orchard", "ledger", "gate"]
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("user"), st.lists(st.sampled_from(WORDS), min_size=1, max_size=5)),
+        st.tuples(st.just("assistant"), st.lists(st.sampled_from(WORDS), max_size=5)),
+        st.tuples(st.just("other"), st.lists(st.sampled_from(WORDS), min_size=1, max_size=3)),
+        st.tuples(st.just("ask"), st.just([])),
+    ),
+    min_size=1,
+    max_size=30,
+)
+_IDS = itertools.count()
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(steps=STEPS)
+async def test_every_request_replays_the_same_whoever_lexed_its_postings(
+    pg_dsn: str, steps: list[tuple[str, list[str]]]
+) -> None:
+    """Turns of this handle, appends of another process in between, requests at any
+    point: each request (whether the appends or a catch-up brought its postings) is the
+    one a process that never held the session rebuilds."""
+    sid = f"h{next(_IDS)}"
+    requests: dict[int, Any] = {}
+    async with Ledger.open(pg_dsn) as here, Ledger.open(pg_dsn) as there:
+        session = await here.session(sid, config={"token_counter": "chars"})
+        await session.add_message({"role": "user", "content": FACT})
+        await chatter(session, 12)
+        theirs = await there.session(sid)
+        for kind, words in steps:
+            text = " ".join(words)
+            if kind == "other":
+                await theirs.add_message({"role": "user", "content": text})
+                await session.refresh()
+            elif kind == "ask":
+                requests[session.head] = await session.get_messages_for_request(400)
+            else:
+                await session.add_message({"role": kind, "content": text})
+        requests[session.head] = await session.get_messages_for_request(400)
+    async with Ledger.open(pg_dsn) as other:
+        again = await other.session(sid)
+        for seq, request in requests.items():
+            assert await again.request_at(seq, token_budget=400) == request
