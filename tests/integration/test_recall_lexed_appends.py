@@ -295,3 +295,31 @@ async def test_every_request_replays_the_same_whoever_lexed_its_postings(
         again = await other.session(sid)
         for seq, request in requests.items():
             assert await again.request_at(seq, token_budget=400) == request
+
+
+async def test_a_session_whose_requests_carry_everything_is_not_lexed(pg_dsn: str) -> None:
+    """While a session's requests leave nothing out, its searches are skipped (the closed
+    gate, ``search._ClosedGate``): its appends lex nothing (work no request would use),
+    and the first request that leaves something out catches up as before."""
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await ledger.session("short", config={"token_counter": "chars"})
+        warm = warm_of(ledger)
+        for n in range(6):
+            await session.add_message({"role": "user", "content": f"{QUESTION} {n}"})
+            await session.add_message({"role": "assistant", "content": f"reply {n}"})
+            request = await session.get_messages_for_request(100_000)
+            assert not recall_blocks(request)
+        assert "short" in warm._held  # (searched once: held, then its gate was closed)
+        assert warm._held["short"].links is None  # its appends since lexed nothing
+        assert warm.caught_up == 0
+        await session.add_message({"role": "user", "content": FACT})
+        await chatter(session, 40)
+        await session.add_message({"role": "user", "content": QUESTION})
+        request = await session.get_messages_for_request(BUDGET)  # leaves most out
+        assert any("18443" in b for b in recall_blocks(request))
+        assert warm._held["short"].links == []  # caught up: its appends lex again
+        await session.add_message({"role": "assistant", "content": "On 18443."})
+        await session.add_message({"role": "user", "content": QUESTION + " (again)"})
+        request = await session.get_messages_for_request(BUDGET)
+        assert warm.caught_up == 1
+        assert any("18443" in b for b in recall_blocks(request))

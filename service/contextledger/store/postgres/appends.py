@@ -182,7 +182,12 @@ class Appends(Lineages):
                 seal=seal,
             )
             data_json = event.encoded.decode() if event.encoded is not None else _stored(event)
-            lex = seal is None and not self._call_appends and self._warm.lexes(session_id)
+            lex = (  # a session searched here, unless its searches are skipped (``_closed``)
+                seal is None
+                and not self._call_appends
+                and session_id not in self._closed
+                and self._warm.lexes(session_id)
+            )
             try:
                 appended = await self._batcher.submit(
                     (
