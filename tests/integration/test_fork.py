@@ -173,6 +173,25 @@ async def test_recall_in_a_fork_finds_the_parent_prefix(ledger: Ledger) -> None:
     assert await fork.request_at(fork.head, token_budget=2000) == request
 
 
+async def test_recall_in_a_fork_brings_a_tool_unit_whole(ledger: Ledger) -> None:
+    """A match in the fork's own part that is a tool call comes with its result (the
+    unit's messages read from the session of the lineage holding each: the fork's own
+    part once recursed into itself without end)."""
+    parent = await ledger.session("rt", config={"token_counter": "chars"})
+    await parent.add_message({"role": "user", "content": "hello"})
+    fork = await parent.fork("rt-fork")
+    call = {"id": "c1", "type": "function"}
+    call["function"] = {"name": "lookup", "arguments": '{"q": "orchard gateway port"}'}
+    await fork.add_message({"role": "assistant", "content": None, "tool_calls": [call]})
+    await fork.add_message({"role": "tool", "tool_call_id": "c1", "content": "port 18443"})
+    await chatter(fork, 40)
+    await fork.add_message({"role": "user", "content": "which orchard gateway port?"})
+    request = await fork.get_messages_for_request(token_budget=2000)
+    blocks = recall_blocks(request)
+    assert len(blocks) == 1 and "lookup" in blocks[0] and "18443" in blocks[0]
+    assert await fork.request_at(fork.head, token_budget=2000) == request
+
+
 async def test_a_parent_with_forks_is_not_purged(ledger: Ledger) -> None:
     parent = await ledger.session("old")
     await talk(parent, 2)

@@ -150,11 +150,23 @@ class Vectors(Lineages):
             out: list[Recalled] = []
             for owner, lo, hi in segments(session_id, lineage, 1, upto_seq):
                 part = [q for q in seqs if lo <= q <= hi]
-                if part:
-                    out += await self.recall_messages(
+                if part:  # (each session by its own id, the branch given: not again by
+                    # lineage, which the fork's own part would follow without end)
+                    out += await self._recall_messages_of(
                         owner, part, upto_seq=hi, branch=[q for q in on if lo <= q <= hi]
                     )
             return out
+        return await self._recall_messages_of(session_id, seqs, upto_seq=upto_seq, branch=branch)
+
+    async def _recall_messages_of(
+        self,
+        session_id: str,
+        seqs: Collection[int],
+        *,
+        upto_seq: int,
+        branch: Collection[int] | None,
+    ) -> list[Recalled]:
+        """``recall_messages`` of one session's own events."""
         sealer = await self._sealer(session_id, fresh=True)
         values: dict[str, Any] = {"seqs": sorted(seqs), "upto": upto_seq}
         rows = await self._fetch_on_branch(RECALL_MESSAGES, values, session_id, branch)
