@@ -194,12 +194,14 @@ async def test_a_rollback_between_a_requests_plan_and_its_search_rebuilds_it(
 async def test_a_rollback_after_a_requests_plan_leaves_the_request_at_its_seq(
     pg_dsn: str,
 ) -> None:
-    # The same race where the request needs no catch-up (its postings came with the
-    # handle's own appends, ``warm.py``): nothing reads the branch after the plan, so the
-    # request is the one at the seq it was planned at, on the branch as of that seq (as
-    # if the rollback had landed just after it), and request_at rebuilds it; the handle's
-    # next request is on the branch after the rollback.
-    async with Ledger.open(pg_dsn) as ledger:
+    # The same race from another process where the request needs no catch-up (its
+    # postings came with the handle's own appends, ``warm.py``): nothing reads the branch
+    # after the plan, so the request is the one at the seq it was planned at, on the
+    # branch as of that seq (as if the rollback had landed just after it), and request_at
+    # rebuilds it; the handle's next request is on the branch after the rollback. (A
+    # rollback through the same store moves the chain tip the store knows: that request
+    # catches up, and is built again as above.)
+    async with Ledger.open(pg_dsn) as ledger, Ledger.open(pg_dsn) as other:
         mine = await ledger.session("rb", model="gpt-4o", config=CHARS)
         await mine.add_messages(
             [
@@ -215,7 +217,7 @@ async def test_a_rollback_after_a_requests_plan_leaves_the_request_at_its_seq(
             ]
         )
         await mine.get_messages_for_request(BUDGET)
-        theirs = await ledger.session("rb")
+        theirs = await other.session("rb")
         rolled: list[int] = []
 
         async def roll_back(event: str, data: object) -> None:

@@ -323,3 +323,79 @@ async def test_a_session_whose_requests_carry_everything_is_not_lexed(pg_dsn: st
         request = await session.get_messages_for_request(BUDGET)
         assert warm.caught_up == 1
         assert any("18443" in b for b in recall_blocks(request))
+
+
+async def fill(session: Session, fact: str, turns: int, word: str) -> None:
+    await session.add_message({"role": "user", "content": fact})
+    for i in range(turns):
+        await session.add_message(
+            {"role": "user", "content": f"{word} step {i}: please tidy the caching module " * 4}
+        )
+        await session.add_message(
+            {"role": "assistant", "content": f"done with {word} {i}, vacuum looks fine " * 4}
+        )
+
+
+async def test_a_chain_made_again_under_the_id_elsewhere_is_caught_up(pg_dsn: str) -> None:
+    """Another process purges the session and writes it again, shorter, its latest turn
+    the same text as the last one this process lexed: a handle that reads the session
+    (opened again, or refreshed) must not take the old chain's postings."""
+    for reopen in (True, False):
+        async with Ledger.open(pg_dsn) as here:
+            session = await here.session("again", config={"token_counter": "chars"})
+            await fill(session, "OLD: the orchard gateway binds to 18443.", 40, "tidy")
+            await session.get_messages_for_request(BUDGET)  # held here
+            await session.add_message({"role": "assistant", "content": "ok"})
+            await session.add_message({"role": "user", "content": QUESTION})  # lexed
+            await session.get_messages_for_request(BUDGET)
+            async with Ledger.open(pg_dsn) as there:
+                await there.store.purge("again", "test")
+                theirs = await there.session("again", config={"token_counter": "chars"})
+                for n in range(5):  # (the new fact at another seq than the old one)
+                    await theirs.add_message({"role": "user", "content": f"hello {n}"})
+                await fill(theirs, "NEW: the orchard gateway binds to 29999.", 25, "lint")
+                await theirs.add_message({"role": "user", "content": QUESTION})
+            if reopen:
+                session = await here.session("again")
+            else:
+                await session.refresh()
+            request = await session.get_messages_for_request(BUDGET)
+            seq = session.request_seq
+            blocks = recall_blocks(request)
+            assert any("29999" in b for b in blocks) and "18443" not in str(request)
+            assert await session.request_at(seq, token_budget=BUDGET) == request
+        await replays_agree(pg_dsn, "again", {seq: request})
+        async with Ledger.open(pg_dsn) as ledger:
+            await ledger.store.purge("again", "test")
+
+
+async def test_what_the_appends_lexed_counts_in_the_process_budget(pg_dsn: str) -> None:
+    """Postings appends keep for the next request are held memory like the rest: they
+    count in the process's budget (another session is dropped to make room) and leave
+    it when taken or dropped."""
+    from contextledger.store.postgres.warm import _PROCESS
+
+    async with Ledger.open(pg_dsn) as ledger:
+        store = ledger.store
+        assert isinstance(store, PostgresStore)
+        warm = warm_of(ledger)
+        other = await planted(ledger)
+        await other.get_messages_for_request(BUDGET)
+        session = await ledger.session("big", config={"token_counter": "chars"})
+        await fill(session, FACT, 40, "tidy")
+        await session.add_message({"role": "user", "content": QUESTION})
+        await session.get_messages_for_request(BUDGET)
+        held = warm._held["big"]
+        before = _PROCESS.total
+        words = " ".join(f"w{n}x" for n in range(400))  # 400 distinct lexemes a message
+        for n in range(5):
+            await session.add_message({"role": "assistant", "content": f"{words} {n}"})
+        assert held.linked >= 5 * 400
+        assert _PROCESS.total - before == held.linked  # counted as the appends kept them
+        warm._budget = _PROCESS.total - 1  # one posting less: the other session goes
+        await session.add_message({"role": "user", "content": QUESTION + " again"})
+        assert "r" not in warm._held and "big" in warm._held
+        size = held.postings.size
+        await session.get_messages_for_request(BUDGET)  # taken into the postings
+        assert held.linked == 0 and held.postings.size > size
+        assert held.size == held.postings.size

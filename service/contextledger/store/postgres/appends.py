@@ -76,7 +76,7 @@ class Appends(Lineages):
             tokens = await self._hot(lambda conn: conn.fetchval(APPEND_MESSAGE_CALL, *row[:9]))
             return None if tokens is None else (tokens, None)
         record = await self._hot(lambda conn: conn.fetchrow(APPEND_MESSAGE, *row))
-        return None if record is None else (record[0], lexed(row[1], row[10], record[1:]))
+        return None if record is None else (record[0], lexed(row[10], record[1:]))
 
     async def _append_many(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Appended]:
         columns = [list(c) for c in zip(*rows, strict=True)]
@@ -85,7 +85,7 @@ class Appends(Lineages):
             return {r[0]: (r[1], None) for r in records}
         records = await self._hot(lambda conn: conn.fetch(APPEND_MESSAGES, *columns))
         asked = {row[0]: row for row in rows}
-        return {r[0]: (r[1], lexed(asked[r[0]][1], asked[r[0]][10], r[2:])) for r in records}
+        return {r[0]: (r[1], lexed(asked[r[0]][10], r[2:])) for r in records}
 
     @translated
     async def append(

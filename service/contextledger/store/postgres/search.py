@@ -562,7 +562,13 @@ class Search(Lineages):
         Rows as ``_sql_search``'s."""
         fetch = self._fetch(q.session_id, live=q.branch is None)
         synced = await self._warm.sync(
-            q.session_id, q.query, INDEX_TEXT_CONFIG, fetch, sync_sql(), seq=q.seq
+            q.session_id,
+            q.query,
+            INDEX_TEXT_CONFIG,
+            fetch,
+            sync_sql(),
+            seq=q.seq,
+            tip=self._heads.get(q.session_id),
         )
         if synced is None:
             return []

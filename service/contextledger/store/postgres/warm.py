@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -140,11 +141,24 @@ MAX_LINKS = 256
 
 @dataclass(frozen=True, slots=True)
 class Lexed:
-    """What an append computed of its message (``APPEND_MESSAGE``): its postings as
-    ``(lexeme, seq, tf, dl)`` rows, and for a human turn ``(query text, its lexemes)``."""
+    """What an append computed of its message (``APPEND_MESSAGE``): its lexemes (interned,
+    as the postings hold them) and their counts, its length, and for a human turn
+    ``(query text, its lexemes)``."""
 
-    rows: list[tuple[str, int, int, int]]
-    query: tuple[str, list[str]] | None
+    lexemes: list[str]
+    tfs: list[int]
+    dl: int
+    query: tuple[str, list[str]] | None = None
+
+    def rows(self, seq: int) -> list[tuple[str, int, int, int]]:
+        """The message's postings ``(lexeme, seq, tf, dl)`` as ``POSTINGS`` spells them:
+        each count at most 32,767, and the empty lexeme's row last."""
+        dl = self.dl
+        rows = [
+            (lx, seq, min(tf, 32767), dl) for lx, tf in zip(self.lexemes, self.tfs, strict=True)
+        ]
+        rows.append(("", seq, 0, dl))
+        return rows
 
 
 #: An append's answer: the session's new view tokens and what it lexed (None: nothing).
@@ -153,12 +167,12 @@ Appended = tuple[int, Lexed | None]
 
 @dataclass(frozen=True, slots=True)
 class _Link:
-    """A message this store appended onto ``prior`` (seq, hash), with its postings."""
+    """A message this store appended onto ``prior`` (seq, hash), with what it lexed."""
 
     prior: tuple[int, str]
     seq: int
     hash: str
-    rows: list[tuple[str, int, int, int]]
+    lexed: Lexed
 
 
 def query_of(message: Mapping[str, Any]) -> str | None:
@@ -169,21 +183,19 @@ def query_of(message: Mapping[str, Any]) -> str | None:
     return message_text(message)[:MAX_QUERY_CHARS] or None
 
 
-def lexed(seq: int, query: str | None, columns: Sequence[Any]) -> Lexed | None:
+def lexed(query: str | None, columns: Sequence[Any]) -> Lexed | None:
     """An append's lexed columns (``lexemes.LEXED``'s lexemes and counts, and the query's
-    lexemes) as ``Lexed``, its rows those ``POSTINGS`` spells for the message (each count
-    and the length at most 32,767; a message without words has only the empty lexeme's
-    row, its length 32,767 as ``least(NULL, 32767)`` makes it); None when the append was
-    not asked to lex."""
+    lexemes) as ``Lexed`` (the length as ``POSTINGS`` has it: the counts summed, at most
+    32,767; a message without words has 32,767, as ``least(NULL, 32767)`` makes it); None
+    when the append was not asked to lex."""
     lexemes, tfs, query_lexemes = columns
     if lexemes is None:
         return None
     dl = min(sum(tfs), 32767) if tfs else 32767
-    rows = [(lx, seq, min(tf, 32767), dl) for lx, tf in zip(lexemes, tfs, strict=True)]
-    rows.append(("", seq, 0, dl))
-    if query is None or query_lexemes is None:
-        return Lexed(rows, None)
-    return Lexed(rows, (query, list(query_lexemes)))
+    asked = (
+        (query, list(query_lexemes)) if query is not None and query_lexemes is not None else None
+    )
+    return Lexed([sys.intern(lx) for lx in lexemes], list(tfs), dl, asked)
 
 
 @dataclass
@@ -209,6 +221,8 @@ class _Warm:
     #: messages appended here since the postings' ``upto``, each linked onto the one
     #: before (``WarmIndexes.appended``); None: a gap since, the next request catches up
     links: list[_Link] | None = field(default_factory=list)
+    #: the postings those links carry (counted in the process's budget with the held ones)
+    linked: int = 0
     #: the latest human turn appended here: its query text and lexemes
     query: tuple[str, list[str]] | None = None
 
@@ -294,21 +308,31 @@ class WarmIndexes:
     def appended(
         self, session_id: str, prior: tuple[int, str], tip: tuple[int, str], lexed: Lexed | None
     ) -> None:
-        """An append through this store linked ``tip`` onto ``prior``: its postings are
-        kept for the next request if they continue the chain the hold follows; else
+        """An append through this store linked ``tip`` onto ``prior``: what it lexed is
+        kept for the next request if it continues the chain the hold follows; else
         (another writer's events in between, nothing lexed, too many) the hold has a gap
-        until a request catches up."""
+        until a request catches up. Kept postings count in the process's budget."""
         warm = self._held.get(session_id)
         if warm is None or warm.links is None:
             return
         links = warm.links
         end = (links[-1].seq, links[-1].hash) if links else (warm.postings.upto, warm.tip)
         if lexed is None or prior != end or len(links) >= MAX_LINKS:
-            warm.links = None
+            self.unlink(session_id)
             return
-        links.append(_Link(prior, tip[0], tip[1], lexed.rows))
+        links.append(_Link(prior, tip[0], tip[1], lexed))
+        warm.linked += len(lexed.lexemes) + 1
         if lexed.query is not None:
             warm.query = lexed.query
+        self._account(session_id, warm)
+
+    def unlink(self, session_id: str) -> None:
+        """A gap in what the session's appends here linked (or the chain is another now:
+        the store read a head it did not extend): its next request catches up."""
+        warm = self._held.get(session_id)
+        if warm is not None and warm.links is not None:
+            warm.links, warm.linked = None, 0
+            self._account(session_id, warm)
 
     async def sync(
         self,
@@ -319,11 +343,12 @@ class WarmIndexes:
         sql: str,
         *,
         seq: int | None = None,
+        tip: tuple[int, str] | None = None,
     ) -> Synced | None:
         """The session's postings caught up with the ledger (``fetch`` runs a statement
         by its named values; ``sql`` is the catch-up's text). None: no session. A request
-        at ``seq`` that the appends made here have caught up (``_caught_up``) makes no
-        statement."""
+        at ``seq`` that the appends made here have caught up, up to the chain's ``tip``
+        as the store last knew it (``_caught_up``), makes no statement."""
         with _PROCESS.lock:
             warm = self._held.get(session_id)
             if warm is None:
@@ -332,7 +357,7 @@ class WarmIndexes:
         warm.used = next(_PROCESS.ticks)  # (a first load in progress is the newest)
         async with warm.lock:
             held = warm.postings
-            lexemes = self._caught_up(warm, query, seq)
+            lexemes = self._caught_up(warm, query, seq, tip)
             if lexemes is not None:
                 taken = self._take_links(warm)
                 unstored = bool(taken) and taken[-1].seq > warm.indexed
@@ -354,7 +379,7 @@ class WarmIndexes:
                 if len(facts) < 4:  # no such session (purged, say)
                     self.forget(session_id)
                     return None
-                (head, tip), (base, _), (indexed, at_from), (gen, _) = (
+                (head, head_hash), (base, _), (indexed, at_from), (gen, _) = (
                     facts[k] for k in (2, 3, 4, 5)
                 )
                 if warm.tip is not None and at_from != warm.tip:
@@ -366,12 +391,12 @@ class WarmIndexes:
                     held.base = indexed + 1
                 fresh = sorted((r for r in fresh if r[1] > held.upto), key=lambda r: r[1])
                 held.extend(fresh)
-                held.upto, warm.tip = head, tip
+                held.upto, warm.tip = head, head_hash
                 warm.indexed = max(warm.indexed, indexed)
-                if warm.links is None:  # caught up over the gap: appends link on again
-                    warm.links = []
-                else:  # (appends that ended during the read: those past it stay)
-                    warm.links = [link for link in warm.links if link.seq > head]
+                # caught up (over a gap: appends link on again; appends that ended during
+                # the read and are past it stay)
+                warm.links = [link for link in warm.links or () if link.seq > head]
+                warm.linked = sum(len(link.lexed.lexemes) + 1 for link in warm.links)
                 if (base, gen) != (warm.base, warm.gen):
                     below = await fetch(BRANCH_BELOW, {}) if base else []
                     warm.base, warm.gen, warm.below = base, gen, frozenset(r[0] for r in below)
@@ -381,10 +406,14 @@ class WarmIndexes:
         return Synced(session_id, held, lexemes, on_branch, unstored, lag)
 
     @staticmethod
-    def _caught_up(warm: _Warm, query: str, seq: int | None) -> list[str] | None:
+    def _caught_up(
+        warm: _Warm, query: str, seq: int | None, tip: tuple[int, str] | None
+    ) -> list[str] | None:
         """The query's lexemes if the hold needs no catch-up for a request at ``seq``
         asking ``query``: the appends linked since (each by this store, onto the one
-        before, from the postings' tip: nobody else wrote in between) reach ``seq``, and
+        before, from the postings' tip: nobody else wrote in between) reach ``seq`` and
+        end at ``tip``, the chain's tip as the store last extended or read it (a head it
+        read elsewhere, another chain under the id after a purge: catch up), and
         ``query`` is the text the latest human turn appended here was lexed with. The
         branch and the stored postings are the hold's as last read: only messages were
         appended since. None: catch up."""
@@ -394,25 +423,23 @@ class WarmIndexes:
             return None
         held = warm.postings
         at = (held.upto, warm.tip)
-        reach = held.upto
         for link in warm.links:
             if link.seq <= held.upto:
                 continue
             if link.prior != at:
                 return None
-            at, reach = (link.seq, link.hash), link.seq
-        return list(warm.query[1]) if seq <= reach else None
+            at = (link.seq, link.hash)
+        return list(warm.query[1]) if seq <= at[0] and at == tip else None
 
-    @staticmethod
-    def _take_links(warm: _Warm) -> list[_Link]:
+    def _take_links(self, warm: _Warm) -> list[_Link]:
         """The links past the postings' ``upto``, added to them (``_caught_up`` said
         they form the chain from its tip)."""
         held = warm.postings
         links = [link for link in warm.links or () if link.seq > held.upto]
         if links:
-            held.extend([r for link in links for r in link.rows])
+            held.extend([r for link in links for r in link.lexed.rows(link.seq)])
             held.upto, warm.tip = links[-1].seq, links[-1].hash
-        warm.links = []
+        warm.links, warm.linked = [], 0
         return links
 
     def stored(self, session_id: str, upto: int) -> None:
@@ -534,7 +561,8 @@ class WarmIndexes:
     def _account(self, session_id: str, warm: _Warm) -> None:
         """``warm``'s growth counted in the process's total (if it is still held here)."""
         with _PROCESS.lock:
-            grown, warm.size = warm.postings.size - warm.size, warm.postings.size
+            size = warm.postings.size + warm.linked
+            grown, warm.size = size - warm.size, size
             if self._held.get(session_id) is warm:
                 _PROCESS.total += grown
                 self._evict(warm)
