@@ -14,6 +14,7 @@ import itertools
 from typing import Any
 
 import asyncpg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -399,3 +400,26 @@ async def test_what_the_appends_lexed_counts_in_the_process_budget(pg_dsn: str) 
         await session.get_messages_for_request(BUDGET)  # taken into the postings
         assert held.linked == 0 and held.postings.size > size
         assert held.size == held.postings.size
+
+
+async def test_a_busy_session_keeps_its_noted_tip_among_many(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store notes a bounded number of chain tips (``MAX_HEADS``): the least recently
+    noted go first, so a session in a conversation keeps its own while others come and
+    go (dropped, its next append reads the head and its request catches up)."""
+    from contextledger.store.postgres import tips
+
+    monkeypatch.setattr(tips, "MAX_HEADS", 4)
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await planted(ledger)
+        await session.get_messages_for_request(BUDGET)
+        warm = warm_of(ledger)
+        before = warm.caught_up
+        for n in range(10):
+            other = await ledger.session(f"passing{n}")  # another session noted
+            await other.add_message({"role": "user", "content": "hi"})
+            await session.add_message({"role": "assistant", "content": f"noted {n}"})
+            await session.add_message({"role": "user", "content": f"{QUESTION} ({n})"})
+            await session.get_messages_for_request(BUDGET)
+        assert warm.caught_up - before == 10

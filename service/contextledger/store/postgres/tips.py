@@ -46,11 +46,12 @@ class ChainTips(Connections):
     _lineages: dict[str, Lineage]
 
     def _remember_head(self, session_id: str, head: tuple[int, str]) -> None:
-        """Note the chain's tip as this store extended it (a miss is one read): the
-        oldest noted go first past ``MAX_HEADS``, so a process serving many sessions
-        over months holds a bounded map."""
+        """Note the chain's tip as this store extended it (a miss is one read, and the
+        next request of the session catches its postings up): the least recently noted
+        go first past ``MAX_HEADS``, so a process serving many sessions over months holds
+        a bounded map and its busiest sessions stay in it."""
         heads = self._heads
-        if session_id not in heads and len(heads) >= MAX_HEADS:
+        if heads.pop(session_id, None) is None and len(heads) >= MAX_HEADS:
             del heads[next(iter(heads))]
         heads[session_id] = head
 
