@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from typing import Any
 
 import asyncpg
@@ -144,8 +145,9 @@ async def test_another_writers_append_is_caught_up_and_found(pg_dsn: str) -> Non
 
 
 async def test_what_its_appends_do_not_lex_is_caught_up(pg_dsn: str) -> None:
-    """A batch of messages, a checkpoint, a rollback, a tool call's query: the request
-    after each takes the catch-up, and every request replays the same elsewhere."""
+    """A batch of messages, a checkpoint, a rollback: the request after each takes the
+    catch-up (a tool call's query does not: the call's append lexed it, after the turn's
+    text), and every request replays the same elsewhere."""
     async with Ledger.open(pg_dsn) as ledger:
         session = await planted(ledger)
         await session.get_messages_for_request(BUDGET)
@@ -182,7 +184,7 @@ async def test_what_its_appends_do_not_lex_is_caught_up(pg_dsn: str) -> None:
                 ],
             }
         )
-        await asked(caught_up=False)  # the query reads the tool call too
+        await asked(caught_up=True)  # the query reads the tool call too: lexed with it
         await session.add_message({"role": "tool", "tool_call_id": "c1", "content": "18443"})
         await session.rollback(mark)
         await session.add_message({"role": "user", "content": "So which port was it?"})
@@ -423,3 +425,50 @@ async def test_a_busy_session_keeps_its_noted_tip_among_many(
             await session.add_message({"role": "user", "content": f"{QUESTION} ({n})"})
             await session.get_messages_for_request(BUDGET)
         assert warm.caught_up - before == 10
+
+
+def call(n: int, query: str) -> dict[str, Any]:
+    arguments = json.dumps({"q": query})
+    function = {"name": "lookup", "arguments": arguments}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": f"c{n}", "type": "function", "function": function}],
+    }
+
+
+async def test_a_tool_loop_s_requests_need_no_catch_up(pg_dsn: str) -> None:
+    """In an agent's tool loop the query is the turn's text and the calls after it: each
+    call's append lexes that whole text, so the request after a call (and its speculative
+    search, started at the call) and after its result makes no catch-up either; a call
+    appended after another writer's event falls back, and every request replays."""
+    async with Ledger.open(pg_dsn) as ledger, Ledger.open(pg_dsn) as other:
+        session = await planted(ledger)
+        await session.get_messages_for_request(BUDGET)
+        warm = warm_of(ledger)
+        requests: dict[int, Any] = {}
+        before, n = warm.caught_up, 0
+        for turn in range(3):
+            await session.add_message({"role": "user", "content": f"{QUESTION} ({turn})"})
+            for step in range(2):  # two calls, each answered, a request after each
+                n += 1
+                await session.add_message(call(n, f"orchard gateway port {turn}.{step}"))
+                requests[session.head] = await session.get_messages_for_request(BUDGET)
+                await session.add_message(
+                    {"role": "tool", "tool_call_id": f"c{n}", "content": f"port {n}"}
+                )
+                requests[session.head] = await session.get_messages_for_request(BUDGET)
+            await session.add_message({"role": "assistant", "content": f"It is 18443 ({turn})."})
+        assert warm.caught_up - before == 12
+        assert session._requests.speculation_hits > 0  # (the searches started at the calls)
+        theirs = await other.session("r")
+        await session.add_message({"role": "user", "content": QUESTION})
+        await theirs.add_message({"role": "assistant", "content": "(another writer)"})
+        await session.refresh()
+        n += 1
+        await session.add_message(call(n, "orchard gateway port"))
+        before = warm.caught_up
+        requests[session.head] = await session.get_messages_for_request(BUDGET)
+        assert warm.caught_up == before  # a gap before the call: caught up
+        assert any("18443" in b for b in recall_blocks(requests[session.head]))
+    await replays_agree(pg_dsn, "r", requests)

@@ -201,7 +201,7 @@ class Appends(Lineages):
                         event.hash,
                         last_hash,
                         lex,
-                        query_of(payload.message) if lex else None,
+                        query_of(payload.message, self._warm.asking(session_id)) if lex else None,
                     )
                 )
             except asyncpg.UniqueViolationError as exc:

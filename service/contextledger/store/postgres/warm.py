@@ -16,9 +16,10 @@ Nothing on the request path writes or reads the history whole:
   task and added a few lexemes at a time, if it fits the process's budget (``complete``).
 
 An append through this store to a session held here computes the message's postings in
-its own statement (``statements.APPEND_MESSAGE``; a human turn's query lexemes too), and
-the hold keeps them linked by the chain (``appended``): a request whose seq they reach,
-asking with that turn's text, then makes no catch-up statement (``_caught_up``). Another
+its own statement (``statements.APPEND_MESSAGE``; for a human turn or a tool call after
+it, the lexemes of the query a request would ask then, ``query_of``), and the hold keeps
+them linked by the chain (``appended``): a request whose seq they reach, asking with that
+text, then makes no catch-up statement (``_caught_up``). Another
 writer's event, a cold-path event, a batch of messages or a store that calls the append
 functions (Citus, PgBouncer) leaves a gap in that chain, and the next request catches up.
 
@@ -42,7 +43,7 @@ from typing import Any
 import structlog
 
 from contextledger.core.recall import MAX_QUERY_CHARS, message_text
-from contextledger.core.units import is_human_turn
+from contextledger.core.units import is_human_turn, tool_calls
 from contextledger.store.lexical import neighbours
 from contextledger.store.postgres.statements import S
 from contextledger.store.postings import Branch, Missing, Postings, search
@@ -175,12 +176,18 @@ class _Link:
     lexed: Lexed
 
 
-def query_of(message: Mapping[str, Any]) -> str | None:
-    """The text a request asks recall with when ``message`` is its latest human turn
-    (``core.recall.query_text`` with no tool call after it); None for other messages."""
-    if not is_human_turn(message):
+def query_of(message: Mapping[str, Any], asking: str | None = None) -> str | None:
+    """The text a request asks recall with when ``message`` is the last one its query
+    reads (``core.recall.query_text``): a human turn's own text; a tool call's, after the
+    text asked so far (``asking``: the latest human turn and the tool calls after it, as
+    this store's appends left it). None when it would not be that, or not known here: a
+    request compares the text it asks with exactly, so a wrong guess costs a catch-up."""
+    if is_human_turn(message):
+        return message_text(message)[:MAX_QUERY_CHARS] or None
+    if asking is None or not tool_calls(message):
         return None
-    return message_text(message)[:MAX_QUERY_CHARS] or None
+    part = message_text(message)[:MAX_QUERY_CHARS]
+    return f"{asking}\n{part}" if part else None
 
 
 def lexed(query: str | None, columns: Sequence[Any]) -> Lexed | None:
@@ -223,7 +230,8 @@ class _Warm:
     links: list[_Link] | None = field(default_factory=list)
     #: the postings those links carry (counted in the process's budget with the held ones)
     linked: int = 0
-    #: the latest human turn appended here: its query text and lexemes
+    #: the query the latest human turn (and tool calls after it) appended here would
+    #: ask: its text and lexemes
     query: tuple[str, list[str]] | None = None
 
 
@@ -304,6 +312,12 @@ class WarmIndexes:
         session is held here, loaded, and its links have no gap."""
         warm = self._held.get(session_id)
         return warm is not None and warm.tip is not None and warm.links is not None
+
+    def asking(self, session_id: str) -> str | None:
+        """The query text the session's latest request would ask, as its appends here
+        left it (``query_of``); None: none known."""
+        warm = self._held.get(session_id)
+        return warm.query[0] if warm is not None and warm.query is not None else None
 
     def appended(
         self, session_id: str, prior: tuple[int, str], tip: tuple[int, str], lexed: Lexed | None
@@ -397,6 +411,9 @@ class WarmIndexes:
                 # the read and are past it stay)
                 warm.links = [link for link in warm.links or () if link.seq > head]
                 warm.linked = sum(len(link.lexed.lexemes) + 1 for link in warm.links)
+                # the query asked now: a tool call appended next asks it and the call's
+                # text (``query_of``), and a request asking it again needs no catch-up
+                warm.query = (query, list(lexemes))
                 if (base, gen) != (warm.base, warm.gen):
                     below = await fetch(BRANCH_BELOW, {}) if base else []
                     warm.base, warm.gen, warm.below = base, gen, frozenset(r[0] for r in below)
@@ -414,7 +431,7 @@ class WarmIndexes:
         before, from the postings' tip: nobody else wrote in between) reach ``seq`` and
         end at ``tip``, the chain's tip as the store last extended or read it (a head it
         read elsewhere, another chain under the id after a purge: catch up), and
-        ``query`` is the text the latest human turn appended here was lexed with. The
+        ``query`` is the text the latest lexed query was (``query_of``). The
         branch and the stored postings are the hold's as last read: only messages were
         appended since. None: catch up."""
         if seq is None or warm.tip is None or warm.links is None or warm.query is None:
