@@ -3,9 +3,8 @@ a session this process searches gets its new messages' postings and its latest h
 turn's query lexemes from the appends themselves, so its next request makes no catch-up
 statement. The postings must be the rows the catch-up would have computed, every request
 must replay the same from a process that never saw the appends, and anything but a chain
-of this store's own message appends (another writer, a cold-path event, a batch of
-messages, a tool call's query, the append functions of PgBouncer and Citus) must fall back
-to the catch-up."""
+of this store's own message appends (another writer, a cold-path event, the append
+functions of PgBouncer and Citus) must fall back to the catch-up."""
 
 from __future__ import annotations
 
@@ -145,9 +144,9 @@ async def test_another_writers_append_is_caught_up_and_found(pg_dsn: str) -> Non
 
 
 async def test_what_its_appends_do_not_lex_is_caught_up(pg_dsn: str) -> None:
-    """A batch of messages, a checkpoint, a rollback: the request after each takes the
-    catch-up (a tool call's query does not: the call's append lexed it, after the turn's
-    text), and every request replays the same elsewhere."""
+    """A checkpoint, a rollback: the request after each takes the catch-up (several
+    messages in one append do not, nor does a tool call's query: the appends lexed them),
+    and every request replays the same elsewhere."""
     async with Ledger.open(pg_dsn) as ledger:
         session = await planted(ledger)
         await session.get_messages_for_request(BUDGET)
@@ -165,7 +164,7 @@ async def test_what_its_appends_do_not_lex_is_caught_up(pg_dsn: str) -> None:
                 {"role": "user", "content": "Where does the quokka relay listen?"},
             ]
         )
-        await asked(caught_up=False)
+        await asked(caught_up=True)
         await session.add_message({"role": "assistant", "content": "On 7311."})
         await session.add_message({"role": "user", "content": "And the canary port?"})
         await asked(caught_up=True)
@@ -471,4 +470,36 @@ async def test_a_tool_loop_s_requests_need_no_catch_up(pg_dsn: str) -> None:
         requests[session.head] = await session.get_messages_for_request(BUDGET)
         assert warm.caught_up == before  # a gap before the call: caught up
         assert any("18443" in b for b in recall_blocks(requests[session.head]))
+    await replays_agree(pg_dsn, "r", requests)
+
+
+async def test_messages_appended_together_are_lexed_each(pg_dsn: str) -> None:
+    """``add_messages`` (the frameworks' adapters append a run's items so) lexes every
+    message of the run in its one statement, the query as it stands after each (a human
+    turn, then a tool call): the request after it makes no catch-up, the postings are the
+    catch-up's, and every request replays."""
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await planted(ledger)
+        await session.get_messages_for_request(BUDGET)
+        warm = warm_of(ledger)
+        requests: dict[int, Any] = {}
+        first, before = session.head + 1, warm.caught_up
+        pairs = list(zip(ODD_MESSAGES[::2], ODD_MESSAGES[1::2], strict=False))
+        for n, (one, two) in enumerate(pairs):
+            await session.add_messages([one, two])
+            if two["role"] == "user" or one["role"] == "user":
+                requests[session.head] = await session.get_messages_for_request(BUDGET)
+            await session.add_messages(
+                [
+                    {"role": "user", "content": f"look up the canary port ({n})"},
+                    call(100 + n, f"canary port {n}"),
+                    {"role": "tool", "tool_call_id": f"c{100 + n}", "content": "18443"},
+                ]
+            )
+            requests[session.head] = await session.get_messages_for_request(BUDGET)
+        assert warm.caught_up - before == len(requests)
+        seqs = set(range(first, session.head + 1))
+        held = held_postings(ledger, "r", seqs)
+        await ledger.store.wait_indexed()
+        assert held == await stored_postings(pg_dsn, "r", seqs)
     await replays_agree(pg_dsn, "r", requests)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 
@@ -268,29 +268,51 @@ class Appends(Lineages):
                 )
                 events.append(event)
                 prev = event.hash
+            lex = (  # as ``_append_message``'s
+                seal is None
+                and not self._call_appends
+                and session_id not in self._closed
+                and self._warm.lexes(session_id)
+            )
+            queries: list[str | None] = []
+            asking = self._warm.asking(session_id) if lex else None
+            for payload in payloads if lex else ():
+                query = query_of(cast(MessageAppended, payload).message, asking)
+                queries.append(query)
+                asking = query or asking
+            values = [
+                session_id,
+                head,
+                [e.seq for e in events],
+                [e.version for e in events],
+                [e.encoded.decode() if e.encoded is not None else _stored(e) for e in events],
+                [e.tokens for e in events],
+                created_at,
+                [e.hash for e in events],
+                prev,
+                sum(e.tokens for e in events),
+                [e.idempotency_key for e in events],
+                last_hash,
+            ]
+            rows: list[Any]  # (view_tokens, seq, lexemes, tfs, query lexemes)
             try:
-                view_tokens = await self._pool.fetchval(
-                    APPEND_SESSION_MESSAGES_CALL if self._call_appends else APPEND_SESSION_MESSAGES,
-                    session_id,
-                    head,
-                    [e.seq for e in events],
-                    [e.version for e in events],
-                    [e.encoded.decode() if e.encoded is not None else _stored(e) for e in events],
-                    [e.tokens for e in events],
-                    created_at,
-                    [e.hash for e in events],
-                    prev,
-                    sum(e.tokens for e in events),
-                    [e.idempotency_key for e in events],
-                    last_hash,
-                )
+                if self._call_appends:
+                    tokens = await self._pool.fetchval(APPEND_SESSION_MESSAGES_CALL, *values)
+                    rows = [] if tokens is None else [(tokens, None, None, None, None)]
+                else:
+                    rows = await self._pool.fetch(APPEND_SESSION_MESSAGES, *values, lex, queries)
             except asyncpg.UniqueViolationError as exc:
                 if key is not None and _idempotency_violation(exc):
                     return await self._duplicate(session_id, key, payloads[-1].to_data())
                 raise
-            if view_tokens is not None:
+            if rows:
+                view_tokens = rows[0][0]
+                got = {r[1]: lexed(queries[r[1] - head - 1], r[2:5]) for r in rows if r[1]}
                 self._remember_head(session_id, (events[-1].seq, events[-1].hash))
-                self._advance(session_id, (head, last_hash), (events[-1].seq, events[-1].hash))
+                at = (head, last_hash)
+                for event in events:  # linked one by one, as appended
+                    self._advance(session_id, at, (event.seq, event.hash), got.get(event.seq))
+                    at = (event.seq, event.hash)
                 return AppendResult(tuple(e.seq for e in events), False, view_tokens, prev)
             head, last_hash = await self._head(session_id, fresh=True)
         raise ConcurrencyError(f"gave up appending to {session_id!r} after {_RETRIES} tries")

@@ -80,6 +80,8 @@ SELECT s.session_id, s.view_tokens, p.lexemes, p.tfs, {QUERY_LEXEMES.format(quer
 
 #: Several messages to one session in one statement (``add_messages``, synthetic results
 #: before a message): one round trip, one commit, one seq per message, all or nothing.
+#: Lexed as ``APPEND_MESSAGE`` when $13 (each message's query text in $14): then a row a
+#: message, else one row; none when the head check failed.
 APPEND_SESSION_MESSAGES = f"""
 WITH s AS (
     UPDATE {S}.sessions
@@ -94,7 +96,13 @@ WITH s AS (
       FROM unnest($3::bigint[], $4::smallint[], $5::text[], $6::int[], $8::text[], $11::text[])
            AS i(seq, version, data, tokens, hash, key), s
 )
-SELECT view_tokens FROM s
+SELECT s.view_tokens, m.seq, m.lexemes, m.tfs, m.query FROM s LEFT JOIN LATERAL (
+    SELECT i.seq, p.lexemes, p.tfs, {QUERY_LEXEMES.format(query="i.query")} AS query
+      FROM unnest($3::bigint[], $5::text[], $14::text[]) AS i(seq, data, query)
+     CROSS JOIN LATERAL ({LEXED.format(data="i.data", lex="$13::boolean")}) p
+     WHERE $13::boolean
+) m ON true
+ ORDER BY m.seq
 """
 
 #: The same two appends on Citus: functions (migration 0014) that Citus runs whole on the

@@ -20,8 +20,8 @@ its own statement (``statements.APPEND_MESSAGE``; for a human turn or a tool cal
 it, the lexemes of the query a request would ask then, ``query_of``), and the hold keeps
 them linked by the chain (``appended``): a request whose seq they reach, asking with that
 text, then makes no catch-up statement (``_caught_up``). Another
-writer's event, a cold-path event, a batch of messages or a store that calls the append
-functions (Citus, PgBouncer) leaves a gap in that chain, and the next request catches up.
+writer's event, a cold-path event or a store that calls the append functions (Citus,
+PgBouncer) leaves a gap in that chain, and the next request catches up.
 
 Live searches and replays take this path alike, so ``request_at`` rebuilds the block the
 live request made. Citus and other text search configurations keep the SQL search.
