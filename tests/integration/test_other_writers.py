@@ -5,6 +5,7 @@ stores; each request is what ``request_at`` rebuilds at its seq."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -142,15 +143,10 @@ async def test_an_auto_compaction_another_writer_beat_leaves_the_append_standing
     assert (await mine.usage()).tokens <= 3000
 
 
-async def test_a_rollback_between_a_requests_plan_and_its_search_rebuilds_it(
-    ledger: Ledger,
-) -> None:
-    # Another writer's rollback lands while this handle builds a request: after its view
-    # was planned, before recall searched (here: in the hook the planner's pass announces).
-    # The search would take the new branch's messages for a request planned on the old
-    # one, a block request_at could not rebuild; the request is built again on the head.
-    # (Another handle here; from another process it lands the same way.)
-    mine = await ledger.session("rb", model="gpt-4o", config=CHARS)
+async def rollback_race(mine: Session, theirs: Session) -> tuple[Any, list[int]]:
+    """``theirs`` rolls back to a checkpoint of ``mine`` while ``mine`` builds a request
+    (after its view was planned, before recall searched: in the hook the planner's pass
+    announces); ``mine``'s turns go on until it has. The request, and the rollback's seq."""
     await mine.add_messages(
         [
             {"role": "user", "content": f"the {w} gateway port is {4000 + i}"}
@@ -165,7 +161,6 @@ async def test_a_rollback_between_a_requests_plan_and_its_search_rebuilds_it(
         ]
     )
     await mine.get_messages_for_request(BUDGET)
-    theirs = await ledger.session("rb")
     rolled: list[int] = []
 
     async def roll_back(event: str, data: object) -> None:
@@ -173,14 +168,28 @@ async def test_a_rollback_between_a_requests_plan_and_its_search_rebuilds_it(
             rolled.append(await theirs.rollback(mark))
 
     mine.hooks.on("context:pre_compact", roll_back)
+    request: Any = None
     for i in range(200):
-        # (the other handle's rollback goes through this store: the chain tip it knows
-        # moves, so on PostgreSQL the request catches up, and the catch-up reads the
-        # branch; from another process the request needs none: the test below)
         await mine.add_message({"role": "user", "content": f"which quokka port now? {i}"})
         request = await mine.get_messages_for_request(BUDGET)
         if rolled:
             break
+    return request, rolled
+
+
+async def test_a_rollback_between_a_requests_plan_and_its_search_rebuilds_it(
+    ledger: Ledger,
+) -> None:
+    # Another writer's rollback lands while this handle builds a request: after its view
+    # was planned, before recall searched (here: in the hook the planner's pass announces).
+    # The search would take the new branch's messages for a request planned on the old
+    # one, a block request_at could not rebuild; the request is built again on the head.
+    # (Another handle here; from another process it lands the same way.)
+    mine = await ledger.session("rb", model="gpt-4o", config=CHARS)
+    # (the other handle's rollback goes through this store: the chain tip it knows moves,
+    # so on PostgreSQL the request catches up, and the catch-up reads the branch; from
+    # another process the request needs none: the test below)
+    request, rolled = await rollback_race(mine, await ledger.session("rb"))
     assert rolled  # (the race was run)
     assert request == await mine.request_at(mine.request_seq, token_budget=BUDGET)
     assert mine.request_seq >= rolled[0]  # built again, on the branch after the rollback
@@ -198,33 +207,7 @@ async def test_a_rollback_after_a_requests_plan_leaves_the_request_at_its_seq(
     # catches up, and is built again as above.)
     async with Ledger.open(pg_dsn) as ledger, Ledger.open(pg_dsn) as other:
         mine = await ledger.session("rb", model="gpt-4o", config=CHARS)
-        await mine.add_messages(
-            [
-                {"role": "user", "content": f"the quokka gateway port is {4000 + i}"}
-                for i in range(60)
-            ]
-        )
-        mark = await mine.checkpoint("early")
-        await mine.add_messages(
-            [
-                {"role": "user", "content": f"later the quokka port moved to {5000 + i}"}
-                for i in range(30)
-            ]
-        )
-        await mine.get_messages_for_request(BUDGET)
-        theirs = await other.session("rb")
-        rolled: list[int] = []
-
-        async def roll_back(event: str, data: object) -> None:
-            if not rolled:
-                rolled.append(await theirs.rollback(mark))
-
-        mine.hooks.on("context:pre_compact", roll_back)
-        for i in range(200):
-            await mine.add_message({"role": "user", "content": f"which quokka port now? {i}"})
-            request = await mine.get_messages_for_request(BUDGET)
-            if rolled:
-                break
+        request, rolled = await rollback_race(mine, await other.session("rb"))
         assert rolled  # (the race was run)
         assert mine.request_seq < rolled[0]
         assert request == await mine.request_at(mine.request_seq, token_budget=BUDGET)

@@ -170,19 +170,7 @@ async def test_what_its_appends_do_not_lex_is_caught_up(pg_dsn: str) -> None:
         await asked(caught_up=True)
         mark = await session.checkpoint("before the tool")
         await asked(caught_up=False)  # the checkpoint is an event no append lexed
-        await session.add_message(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "c1",
-                        "type": "function",
-                        "function": {"name": "lookup", "arguments": '{"q": "canary port"}'},
-                    }
-                ],
-            }
-        )
+        await session.add_message(call(1, "canary port"))
         await asked(caught_up=True)  # the query reads the tool call too: lexed with it
         await session.add_message({"role": "tool", "tool_call_id": "c1", "content": "18443"})
         await session.rollback(mark)
