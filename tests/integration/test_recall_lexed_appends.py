@@ -491,3 +491,30 @@ async def test_messages_appended_together_are_lexed_each(pg_dsn: str) -> None:
         await ledger.store.wait_indexed()
         assert held == await stored_postings(pg_dsn, "r", seqs)
     await replays_agree(pg_dsn, "r", requests)
+
+
+async def test_a_run_past_the_links_room_is_not_lexed(pg_dsn: str) -> None:
+    """The hold keeps at most ``MAX_LINKS`` appended messages for the next request: a run
+    that would not fit (a bulk import through ``add_messages``) lexes nothing (its work
+    would be dropped), and the request after it catches up and finds what it holds."""
+    from contextledger.store.postgres.warm import MAX_LINKS
+
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await planted(ledger)
+        await session.get_messages_for_request(BUDGET)
+        warm = warm_of(ledger)
+        assert warm.lexes("r", MAX_LINKS) and not warm.lexes("r", MAX_LINKS + 1)
+        await session.add_messages([{"role": "assistant", "content": "one"}] * 3)
+        assert warm.lexes("r", MAX_LINKS - 3) and not warm.lexes("r", MAX_LINKS - 2)
+        await session.add_messages(
+            [
+                {"role": "user", "content": f"bulk {n}: the relay port is {7000 + n}"}
+                for n in range(MAX_LINKS)
+            ]
+        )
+        assert warm._held["r"].links is None  # a gap: nothing kept
+        await session.add_message({"role": "user", "content": "which relay port had bulk 17?"})
+        before = warm.caught_up
+        request = await session.get_messages_for_request(BUDGET)
+        assert warm.caught_up == before
+        assert any("7017" in b for b in recall_blocks(request))

@@ -272,7 +272,7 @@ class Appends(Lineages):
                 seal is None
                 and not self._call_appends
                 and session_id not in self._closed
-                and self._warm.lexes(session_id)
+                and self._warm.lexes(session_id, len(payloads))
             )
             queries: list[str | None] = []
             asking = self._warm.asking(session_id) if lex else None

@@ -307,11 +307,17 @@ class WarmIndexes:
             if warm is not None:
                 _PROCESS.total -= warm.size
 
-    def lexes(self, session_id: str) -> bool:
-        """Whether an append to the session should compute its message's postings: the
-        session is held here, loaded, and its links have no gap."""
+    def lexes(self, session_id: str, count: int = 1) -> bool:
+        """Whether an append of ``count`` messages to the session should compute their
+        postings: the session is held here, loaded, its links have no gap, and they have
+        room for all of them (past ``MAX_LINKS`` the hold would drop what was computed)."""
         warm = self._held.get(session_id)
-        return warm is not None and warm.tip is not None and warm.links is not None
+        return (
+            warm is not None
+            and warm.tip is not None
+            and warm.links is not None
+            and len(warm.links) + count <= MAX_LINKS
+        )
 
     def asking(self, session_id: str) -> str | None:
         """The query text the session's latest request would ask, as its appends here
