@@ -380,14 +380,15 @@ async def test_what_the_appends_lexed_counts_in_the_process_budget(pg_dsn: str) 
         words = " ".join(f"w{n}x" for n in range(400))  # 400 distinct lexemes a message
         for n in range(5):
             await session.add_message({"role": "assistant", "content": f"{words} {n}"})
-        assert held.linked >= 5 * 400
-        assert _PROCESS.total - before == held.linked  # counted as the appends kept them
+        linked = held.held - held.postings.size  # what the links carry
+        assert linked >= 5 * 400 and held.links is not None and len(held.links) == 5
+        assert _PROCESS.total - before == linked  # counted as the appends kept them
         warm._budget = _PROCESS.total - 1  # one posting less: the other session goes
         await session.add_message({"role": "user", "content": QUESTION + " again"})
         assert "r" not in warm._held and "big" in warm._held
         size = held.postings.size
         await session.get_messages_for_request(BUDGET)  # taken into the postings
-        assert held.linked == 0 and held.postings.size > size
+        assert held.links == [] and held.postings.size > size
         assert held.size == held.postings.size
 
 

@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import asyncpg
 
-from contextledger.core.chain import make_event
+from contextledger.core.chain import Seal, make_event
 from contextledger.core.encoding import dumps
 from contextledger.core.events import Event, MessageAppended, Payload
 from contextledger.core.projection import (
@@ -62,7 +62,7 @@ from contextledger.store.postgres.statements import (
     _stored,
     insert_view,
 )
-from contextledger.store.postgres.warm import Appended, lexed, query_of
+from contextledger.store.postgres.warm import Appended, lexed
 
 
 class Appends(Lineages):
@@ -86,6 +86,17 @@ class Appends(Lineages):
         records = await self._hot(lambda conn: conn.fetch(APPEND_MESSAGES, *columns))
         asked = {row[0]: row for row in rows}
         return {r[0]: (r[1], lexed(asked[r[0]][10], r[2:])) for r in records}
+
+    def _lexes(self, session_id: str, seal: Seal | None, count: int) -> bool:
+        """Whether an append of ``count`` messages computes their postings for recall
+        (``warm.py``): a session searched here, in clear, on a server the statements
+        reach (not the append functions), unless its searches are skipped (``_closed``)."""
+        return (
+            seal is None
+            and not self._call_appends
+            and session_id not in self._closed
+            and self._warm.lexes(session_id, count)
+        )
 
     @translated
     async def append(
@@ -182,12 +193,7 @@ class Appends(Lineages):
                 seal=seal,
             )
             data_json = event.encoded.decode() if event.encoded is not None else _stored(event)
-            lex = (  # a session searched here, unless its searches are skipped (``_closed``)
-                seal is None
-                and not self._call_appends
-                and session_id not in self._closed
-                and self._warm.lexes(session_id)
-            )
+            lex = self._lexes(session_id, seal, 1)
             try:
                 appended = await self._batcher.submit(
                     (
@@ -201,7 +207,7 @@ class Appends(Lineages):
                         event.hash,
                         last_hash,
                         lex,
-                        query_of(payload.message, self._warm.asking(session_id)) if lex else None,
+                        self._warm.queries(session_id, [payload.message])[0] if lex else None,
                     )
                 )
             except asyncpg.UniqueViolationError as exc:
@@ -268,18 +274,9 @@ class Appends(Lineages):
                 )
                 events.append(event)
                 prev = event.hash
-            lex = (  # as ``_append_message``'s
-                seal is None
-                and not self._call_appends
-                and session_id not in self._closed
-                and self._warm.lexes(session_id, len(payloads))
-            )
-            queries: list[str | None] = []
-            asking = self._warm.asking(session_id) if lex else None
-            for payload in payloads if lex else ():
-                query = query_of(cast(MessageAppended, payload).message, asking)
-                queries.append(query)
-                asking = query or asking
+            lex = self._lexes(session_id, seal, len(payloads))
+            messages = [cast(MessageAppended, p).message for p in payloads]
+            queries = self._warm.queries(session_id, messages) if lex else []
             values = [
                 session_id,
                 head,

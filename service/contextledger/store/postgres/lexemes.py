@@ -39,7 +39,7 @@ POSTINGS = """
 #: path's catch-up reads them (``warm.SYNC_TAIL``).
 QUERY_LEXEMES = (
     "CASE WHEN {query} IS NOT NULL"
-    " THEN tsvector_to_array(to_tsvector('english'::regconfig, {query})) END"
+    f" THEN tsvector_to_array(to_tsvector('{INDEX_TEXT_CONFIG}'::regconfig, {{query}})) END"
 )
 #: A message event's lexemes and their counts (``{data}``: its data as text) when
 #: ``{lex}``, else NULLs: one row. ``warm.lexed`` makes them the rows ``POSTINGS`` spells.

@@ -94,9 +94,9 @@ INDEX_BATCH = 32
 
 
 #: Postings are not written by appends (0006, 0010: the parser would run in every append;
-#: an append to a session this process searches computes its message's and returns them,
-#: ``warm.py``): the search indexes the session's message events above its highest indexed
-#: seq, up to the session's head (the SQL search in the same statement; the warm path, ``warm.py``,
+#: an append to a session this process searches computes its message's and returns them):
+#: the search indexes the session's message events above its highest indexed seq, up to
+#: the session's head (the SQL search in the same statement; the warm path, ``warm.py``,
 #: computes them in its catch-up and stores them after the request, ``INDEX_BEHIND``,
 #: built from this), reading each by its key in a LATERAL
 #: lookup (as a range ``seq > upto``, the generic plan scanned the events table: 15 of an 18

@@ -102,7 +102,6 @@ SELECT s.view_tokens, m.seq, m.lexemes, m.tfs, m.query FROM s LEFT JOIN LATERAL 
      CROSS JOIN LATERAL ({LEXED.format(data="i.data", lex="$13::boolean")}) p
      WHERE $13::boolean
 ) m ON true
- ORDER BY m.seq
 """
 
 #: The same two appends on Citus: functions (migration 0014) that Citus runs whole on the

@@ -326,10 +326,9 @@ class PostgresStore(Appends, Reads, Search, Vectors):
             raise _erased(session_id)
         if self._heads.get(session_id) != (info.head, info.last_hash):
             self._closed.pop(session_id, None)  # another writer moved the chain
-            # (or purged it and made another under the id: never seal with its old key,
-            # never take the postings its appends here lexed for that chain)
+            # (or purged it and made another under the id: never seal with its old key;
+            # the postings appends here lexed end at the old tip: ``warm._caught_up``)
             self._sealers.pop(session_id, None)
-            self._warm.unlink(session_id)
         self._remember_head(session_id, (info.head, info.last_hash))
         return info
 

@@ -228,11 +228,15 @@ class _Warm:
     #: messages appended here since the postings' ``upto``, each linked onto the one
     #: before (``WarmIndexes.appended``); None: a gap since, the next request catches up
     links: list[_Link] | None = field(default_factory=list)
-    #: the postings those links carry (counted in the process's budget with the held ones)
-    linked: int = 0
     #: the query the latest human turn (and tool calls after it) appended here would
     #: ask: its text and lexemes
     query: tuple[str, list[str]] | None = None
+
+    @property
+    def held(self) -> int:
+        """The postings held: loaded, and carried by the links (the process's budget
+        counts both)."""
+        return self.postings.size + sum(len(link.lexed.lexemes) + 1 for link in self.links or ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,11 +323,17 @@ class WarmIndexes:
             and len(warm.links) + count <= MAX_LINKS
         )
 
-    def asking(self, session_id: str) -> str | None:
-        """The query text the session's latest request would ask, as its appends here
-        left it (``query_of``); None: none known."""
+    def queries(self, session_id: str, messages: Sequence[Mapping[str, Any]]) -> list[str | None]:
+        """The text a request would ask after each of ``messages`` appended in order
+        (``query_of``), from the query the session's appends or catch-ups here left."""
         warm = self._held.get(session_id)
-        return warm.query[0] if warm is not None and warm.query is not None else None
+        asking = warm.query[0] if warm is not None and warm.query is not None else None
+        out: list[str | None] = []
+        for message in messages:
+            query = query_of(message, asking)
+            out.append(query)
+            asking = query or asking
+        return out
 
     def appended(
         self, session_id: str, prior: tuple[int, str], tip: tuple[int, str], lexed: Lexed | None
@@ -341,7 +351,6 @@ class WarmIndexes:
             self.unlink(session_id)
             return
         links.append(_Link(prior, tip[0], tip[1], lexed))
-        warm.linked += len(lexed.lexemes) + 1
         if lexed.query is not None:
             warm.query = lexed.query
         self._account(session_id, warm)
@@ -351,7 +360,7 @@ class WarmIndexes:
         the store read a head it did not extend): its next request catches up."""
         warm = self._held.get(session_id)
         if warm is not None and warm.links is not None:
-            warm.links, warm.linked = None, 0
+            warm.links = None
             self._account(session_id, warm)
 
     async def sync(
@@ -416,7 +425,6 @@ class WarmIndexes:
                 # caught up (over a gap: appends link on again; appends that ended during
                 # the read and are past it stay)
                 warm.links = [link for link in warm.links or () if link.seq > head]
-                warm.linked = sum(len(link.lexed.lexemes) + 1 for link in warm.links)
                 # the query asked now: a tool call appended next asks it and the call's
                 # text (``query_of``), and a request asking it again needs no catch-up
                 warm.query = (query, list(lexemes))
@@ -462,7 +470,7 @@ class WarmIndexes:
         if links:
             held.extend([r for link in links for r in link.lexed.rows(link.seq)])
             held.upto, warm.tip = links[-1].seq, links[-1].hash
-        warm.links, warm.linked = [], 0
+        warm.links = []
         return links
 
     def stored(self, session_id: str, upto: int) -> None:
@@ -584,7 +592,7 @@ class WarmIndexes:
     def _account(self, session_id: str, warm: _Warm) -> None:
         """``warm``'s growth counted in the process's total (if it is still held here)."""
         with _PROCESS.lock:
-            size = warm.postings.size + warm.linked
+            size = warm.held
             grown, warm.size = size - warm.size, size
             if self._held.get(session_id) is warm:
                 _PROCESS.total += grown
