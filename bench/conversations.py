@@ -37,17 +37,21 @@ from typing import Any
 
 try:
     from bench._pg import embedded_server
-    from bench.language import FIRST_NAMES, PLACES, Prose
+    from bench.language import FIRST_NAMES, PLACES, Chatter, Prose
     from bench.results import write as write_results
 except ImportError:  # run as a script: bench/ itself is sys.path[0]
     from _pg import embedded_server  # type: ignore[no-redef]
-    from language import FIRST_NAMES, PLACES, Prose  # type: ignore[no-redef]
+    from language import FIRST_NAMES, PLACES, Chatter, Prose  # type: ignore[no-redef]
     from results import write as write_results  # type: ignore[no-redef]
 
 from contextledger import Ledger
 from contextledger.core.events import MessageAppended
 
 MODEL = "gpt-4o"
+#: ``--text``: the chatter between the facts: ``sentences`` (``Chatter``: small talk an
+#: embedding model reads as language) or ``zipf`` (``Prose``: word salad, which makes an
+#: embedding model's nearest turns those that share the question's speaker name)
+TEXT = "sentences"
 CLASSES = ("pottery", "salsa", "woodworking", "calligraphy", "watercolor", "fencing", "judo")
 JOBS = ("pharmacist", "paramedic", "librarian", "surveyor", "sommelier", "welder")
 BOOKS = ("The Glass Orchard", "Northern Lights Ledger", "A Salt Road", "Copper Sparrows")
@@ -130,7 +134,7 @@ def _fact_kinds(
 def conversation(seed: int) -> Conversation:
     """One generated conversation and its questions (deterministic for ``seed``)."""
     rng = random.Random(seed)
-    prose = Prose(seed)
+    prose: Prose | Chatter = Chatter(seed) if TEXT == "sentences" else Prose(seed)
     a, b = rng.sample(FIRST_NAMES, 2)
     start = dt.datetime(2023, 1, 9, 18, 30, tzinfo=dt.UTC) + dt.timedelta(days=rng.randint(0, 200))
     n_sittings = rng.randint(24, 32)
@@ -355,9 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stores", default="pg,memory")
     parser.add_argument("--embeddings", help="hybrid recall through this embedding endpoint")
     parser.add_argument("--budgets", default="10,25")
+    parser.add_argument("--text", choices=("sentences", "zipf"), default="sentences")
     args = parser.parse_args(argv)
-    global EMBEDDINGS
-    EMBEDDINGS = args.embeddings
+    global EMBEDDINGS, TEXT
+    EMBEDDINGS, TEXT = args.embeddings, args.text
     args.budgets = [int(b) for b in args.budgets.split(",")]
     args.stores = [s.strip() for s in args.stores.split(",")]
     asyncio.run(main_async(args))

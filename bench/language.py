@@ -1193,3 +1193,83 @@ def distinct_share(texts: Sequence[str]) -> float:
     """Distinct words / words: a check that text is not a small uniform vocabulary."""
     words = [w for t in texts for w in t.split()]
     return len(set(words)) / max(1, len(words))
+
+
+#: Chatter's word classes, commonest first (each drawn Zipf-weighted within its class).
+NOUNS = (  # noqa: SIM905 (a word list reads best as words)
+    "day week weekend morning evening kids house car dinner coffee job work friend family "
+    "garden dog cat book movie song game trip beach park kitchen phone team project class "
+    "market bike lake city party gift photo recipe cake letter painting concert hike "
+    "museum neighbour bakery tent kettle puzzle scarf ferry lantern orchard violin canoe"
+).split()
+VERBS = (  # noqa: SIM905
+    "went saw made got took found tried watched cooked bought visited finished started "
+    "fixed painted cleaned planned baked read played walked called picked moved sold "
+    "borrowed repaired sketched rowed knitted"
+).split()
+ADJECTIVES = (  # noqa: SIM905
+    "good nice great long busy quiet little old new big lovely funny tired warm cold "
+    "lazy rainy sunny crowded messy cosy strange bright noisy gentle"
+).split()
+WHEN = (
+    "today", "yesterday", "this morning", "last night", "on Sunday", "over the weekend",
+    "after work", "last week", "before lunch",
+)  # fmt: skip
+_SENTENCES = (
+    "I {v} the {a} {n} {w}.",
+    "We {v} a {n} near {p} {w}, it was {a}.",
+    "{N} {v} the {n} again, so the {n2} was {a}.",
+    "Did you ever find the {n} you lost?",
+    "Honestly the {n} has been {a} lately.",
+    "Oh nice, a {a} {n} sounds like fun!",
+    "My {n} is {a} but the {n2} is worse.",
+    "Haha, {N} would love that {n}.",
+    "I think we {v} {k} {n}s {w}.",
+    "Not much, just a {a} {n} and some {n2}.",
+    "How was the {n} with {N}?",
+    "Ugh, the {n} took {k} hours {w}.",
+    "That {n} on {d} was so {a}.",
+    "You should bring the {n} to the {n2} next time.",
+)
+
+
+class Chatter:
+    """Sentence-shaped small talk: templates whose nouns, verbs and adjectives are drawn
+    Zipf-weighted from small classes, with a tail of made-up nouns (a conversation's own
+    names for things), names, places, numbers and dates. Unlike ``Prose`` it reads as
+    sentences, so an embedding model sees language, not word salad (on ``Prose`` a
+    question's nearest turns by all-MiniLM-L6-v2 were word salad sharing its speaker's
+    name). Deterministic for a seed."""
+
+    def __init__(self, seed: int = 5, tail: int = 400) -> None:
+        self.rng = random.Random(seed)
+        self.tail = vocabulary(len(COMMON) + tail, seed)[len(COMMON) :]
+
+    def _pick(self, words: Sequence[str], s: float = 1.07) -> str:
+        weights = [1.0 / (r**s) for r in range(1, len(words) + 1)]
+        return self.rng.choices(words, weights)[0]
+
+    def _noun(self) -> str:
+        return self._pick(self.tail) if self.rng.random() < 0.15 else self._pick(NOUNS)
+
+    def sentence(self) -> str:
+        r = self.rng
+        text = r.choice(_SENTENCES).format(
+            v=self._pick(VERBS),
+            a=self._pick(ADJECTIVES),
+            n=self._noun(),
+            n2=self._noun(),
+            w=r.choice(WHEN),
+            p=r.choice(PLACES),
+            N=r.choice(FIRST_NAMES),
+            k=r.randint(2, 12),
+            d=f"{r.randint(1, 28)} {r.choice(MONTHS)}",
+        )
+        return text[:1].upper() + text[1:]
+
+    def text(self, words: int) -> str:
+        """Sentences up to about ``words`` words (at least one)."""
+        out = [self.sentence()]
+        while sum(len(s.split()) for s in out) < words - 4:
+            out.append(self.sentence())
+        return " ".join(out)
