@@ -6,7 +6,7 @@ latest user turn (and a pending tool call) and hands the ranked matches here.
 This module decides, deterministically:
 
 * the query text (``query_text``): the latest human turn plus the arguments of
-  tool calls made after it, searched with the other forms of its irregular verbs
+  tool calls made after it, searched with the other forms of its irregular words
   (``search_text``);
 * which matches fit the recall share (``pick``): whole tool units (a call with
   its results), best rank first, a unit that does not fit is skipped whole, the
@@ -30,8 +30,8 @@ from typing import Any
 
 from contextledger.core.tokens import TokenCounter
 from contextledger.core.units import is_human_turn, result_ids, tool_calls
-from contextledger.core.verb_forms import with_forms
 from contextledger.core.view import ORD_STRIDE, ViewItem
+from contextledger.core.word_forms import with_forms
 
 _KIND, _TOKENS = attrgetter("kind"), attrgetter("tokens")
 
@@ -242,7 +242,7 @@ def query_text(view: Sequence[ViewItem]) -> str:
 
 def search_text(view: Sequence[ViewItem]) -> str:
     """What recall searches for: ``query_text`` with, after each of its parts, the other
-    forms of the irregular verbs the part uses (``verb_forms.with_forms``: "where did she
+    forms of the irregular words the part uses (``word_forms.with_forms``: "where did she
     go?" finds "I went to Lisbon"). Part by part, so the text of a tool loop's query is the
     text asked so far, a line break, and the call's own (what a store's appends guess)."""
     return "\n".join(with_forms(part) for part in _query_parts(view))

@@ -44,7 +44,7 @@ import structlog
 
 from contextledger.core.recall import MAX_QUERY_CHARS, message_text
 from contextledger.core.units import is_human_turn, tool_calls
-from contextledger.core.verb_forms import with_forms
+from contextledger.core.word_forms import with_forms
 from contextledger.store.lexical import neighbours
 from contextledger.store.postgres.statements import S
 from contextledger.store.postings import Branch, Missing, Postings, search

@@ -1,22 +1,25 @@
-"""The forms of English irregular verbs, so a question finds the statement it asks about.
+"""Irregular English word forms, so a question finds the statement it asks about.
 
-A question asks with the base form ("where did she *go*?", "what did he *buy*?") and the
-statement that answers it tells with the past ("I *went* to Lisbon", "I *bought* a
-kayak"). Stemming joins regular forms (painted, painting -> paint), never irregular ones:
-the words share no lexeme, and lexical recall missed the turn the question is about. A
-recall query is searched with the other forms of each irregular verb it uses
+A question asks with a verb's base form ("where did she *go*?", "what did he *buy*?") and
+the statement that answers it tells the past ("I *went* to Lisbon", "I *bought* a
+kayak"); it asks about "the children" of someone who talked about "my child". Stemming
+joins regular forms (painted, painting -> paint; kids -> kid), never irregular ones: the
+words share no lexeme, and lexical recall missed the turn the question is about. A
+recall query is searched with the other forms of each irregular word it uses
 (``with_forms``), as words, so every search path (PostgreSQL's parser, ``memory://``'s
 tokenizer, the search Citus runs on a worker) stems them its own way and the query's
 lexemes stay one function of its text. Not listed: verbs whose forms are one word (put,
-read, cut), stop words (be, do, have), and verbs whose forms are mostly other words (bite:
-"a bit"; lie and lay; rise: "a rose"; ring, sink, stick, bear).
+read, cut), stop words (be, do, have), and words whose forms are mostly other words
+(bite: "a bit"; lie and lay; rise: "a rose"; ring, sink, stick, bear; leaf: "leaves";
+life: "lives"; half).
 """
 
 from __future__ import annotations
 
 import re
 
-#: Each verb's forms: base, past, past participle (where it differs), commonest verbs first.
+#: Each word's forms: a verb's base, past and past participle (where it differs), commonest
+#: first; then nouns, singular and plural.
 _TABLE = """
 go went gone; come came; get got gotten; make made; take took taken; see saw seen;
 know knew known; think thought; give gave given; find found; tell told; say said;
@@ -34,10 +37,13 @@ dream dreamt; learn learnt; burn burnt; seek sought; sweep swept;
 weep wept; shoot shot; show shown; light lit; bend bent; bleed bled; flee fled;
 kneel knelt; spin spun; swing swung; cling clung; creep crept; breed bred; shine shone;
 swear swore sworn; tear tore torn; shrink shrank shrunk; forbid forbade forbidden;
-arise arose arisen; awake awoke awoken
+arise arose arisen; awake awoke awoken;
+child children; person people; man men; woman women; wife wives; knife knives;
+tooth teeth; foot feet; mouse mice; goose geese; wolf wolves; shelf shelves;
+thief thieves; loaf loaves; calf calves
 """
 
-#: word -> the other forms of its verb, in the table's order
+#: word -> its other forms, in the table's order
 FORMS: dict[str, tuple[str, ...]] = {}
 for _entry in _TABLE.replace("\n", " ").split(";"):
     _forms = tuple(dict.fromkeys(_entry.split()))
@@ -64,7 +70,7 @@ _ROOM = 12
 
 
 def with_forms(text: str) -> str:
-    """``text`` and, after it, the other forms of the irregular verbs it uses, when its
+    """``text`` and, after it, the other forms of the irregular words it uses, when its
     own words and those forms together are at most ``_ROOM`` (the search keeps a query's
     longest lexemes: a long turn keeps its own words, not forms that would push out a
     short name). The same text gives the same result."""

@@ -1,6 +1,6 @@
 """A question asks with a verb's base form ("when did we drive it?"), the turn that
 answers it told the past ("we drove the van"): stemming never joins irregular forms, so
-recall searches a query with the other forms of its irregular verbs (``core.verb_forms``).
+recall searches a query with the other forms of its irregular words (``core.word_forms``).
 On both stores, on PostgreSQL's warm path and its SQL statement (the one Citus runs), in
 a request that replays the same, and without costing a lexed append its skipped
 catch-up."""
@@ -22,6 +22,7 @@ CASES = [
     ("Finally drove the van over the Tagus bridge.", "When did you drive?"),
     ("Remind me to buy a ladder for the attic.", "What have I bought lately?"),
     ("Ana and I met at the harbour cafe on Friday.", "Where did we meet?"),
+    ("Our youngest child starts swimming lessons soon.", "How old are the children?"),
 ]
 
 

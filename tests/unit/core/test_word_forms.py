@@ -1,4 +1,4 @@
-"""``core.verb_forms``: a question's base-form verb is searched with its past forms."""
+"""``core.word_forms``: a question's irregular words are searched in their other forms."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contextledger.core.verb_forms import _ROOM, FORMS, STOP_WORDS, with_forms
+from contextledger.core.word_forms import _ROOM, FORMS, STOP_WORDS, with_forms
 from contextledger.store.lexical import MAX_QUERY_LEXEMES
 
 
@@ -30,6 +30,8 @@ def added(text: str) -> list[str]:
         ("Which city did John drive to?", ["drove", "driven"]),
         ("When did you MEET her?", ["met"]),
         ("Had she forgotten the keys?", ["forget", "forgot"]),
+        ("How are the children?", ["child"]),
+        ("My wife and I", ["wives"]),
     ],
 )
 def test_the_other_forms_of_each_irregular_verb_come_after_the_text(
@@ -69,7 +71,7 @@ def test_the_stop_words_are_postgresqls_english_ones() -> None:
         assert frozenset(path.read_text().split()) == STOP_WORDS
 
 
-def test_every_verb_s_forms_are_listed_both_ways() -> None:
+def test_every_word_s_forms_are_listed_both_ways() -> None:
     for word, others in FORMS.items():
         assert word not in others and word not in STOP_WORDS
         for other in others:
