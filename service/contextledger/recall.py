@@ -126,7 +126,9 @@ async def recall_for_request(
     The lexical search is taken as of the query's last message (``query_anchor``), not
     ``upto_seq``: what came after the question (its answer, tool results) is carried by
     the request, and a search anchored there can start before the request is built."""
-    query = search_text(view)
+    # the irregular forms are English words: another configuration searches the turn alone
+    english = config.text_search_config.rpartition(".")[2] == "english"
+    query = search_text(view) if english else query_text(view)
     if not config.enabled or not query.strip() or budget_tokens <= 0:
         return RecallBlock(None, (), 0, query)
     with telemetry.span(

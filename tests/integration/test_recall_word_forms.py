@@ -26,8 +26,10 @@ CASES = [
 ]
 
 
-async def told_then_asked(ledger: Ledger, told: str, asked: str, config: Any = None) -> Any:
-    session = await ledger.session("v", config={"token_counter": "chars", **(config or {})})
+async def told_then_asked(
+    ledger: Ledger, told: str, asked: str, config: Any = None, *, sid: str = "v"
+) -> Any:
+    session = await ledger.session(sid, config={"token_counter": "chars", **(config or {})})
     await session.add_message({"role": "system", "content": "You are a helpful assistant."})
     await session.add_message({"role": "user", "content": told})
     await session.add_message({"role": "assistant", "content": "Noted."})
@@ -58,6 +60,20 @@ async def test_the_sql_statement_searches_the_same_forms(
     request = await session.get_messages_for_request(token_budget=BUDGET)
     assert any(told in block for block in recall_blocks(request))
     assert await session.request_at(session.head, token_budget=BUDGET) == request
+
+
+async def test_another_configuration_searches_the_turn_alone(ledger: Ledger) -> None:
+    """The forms are English words: under ``simple`` (or any configuration but English)
+    the query is the turn's own text, so "went" is not searched for "go"."""
+    told, asked = "Went up to the lighthouse at dawn.", "Where did you go?"
+    found = {}
+    for config in ("english", "simple"):
+        session = await told_then_asked(
+            ledger, told, asked, {"recall": {"text_search_config": config}}, sid=config
+        )
+        request = await session.get_messages_for_request(token_budget=BUDGET)
+        found[config] = any(told in block for block in recall_blocks(request))
+    assert found == {"english": True, "simple": False}
 
 
 async def test_a_tool_loop_asking_with_irregular_verbs_still_skips_its_catch_ups(
