@@ -47,10 +47,10 @@ import asyncpg
 from contextledger import Ledger, Session
 
 try:
-    from bench.language import Prose
+    from bench.language import Chatter, Prose
     from bench.results import write as write_results
 except ImportError:  # run as a script: bench/ itself is sys.path[0]
-    from language import Prose  # type: ignore[no-redef]
+    from language import Chatter, Prose  # type: ignore[no-redef]
     from results import write as write_results  # type: ignore[no-redef]
 
 WORDS = (
@@ -97,7 +97,9 @@ def _text(rng: random.Random, words: int) -> str:
 #: The messages' text: ``natural`` (default) is language-shaped (bench/language.py: a Zipf
 #: vocabulary with a long tail, names, numbers, dates), so recall's search does its real
 #: work; ``uniform`` is the earlier 18-word vocabulary, every word of it common, on which
-#: the search drops every word and never runs (kept to compare with earlier figures).
+#: the search drops every word and never runs (kept to compare with earlier figures);
+#: ``sentences`` is small talk (``language.Chatter``), whose common words recur as a
+#: conversation's do (more of a query's words are read to the cap and further).
 TEXT = "natural"
 
 
@@ -110,7 +112,7 @@ def messages(n_turns: int, seed: int = 5) -> Iterable[tuple[dict[str, Any], dict
                 {"role": "assistant", "content": _text(rng, rng.randint(60, 160))},
             )
         return
-    prose = Prose(seed)
+    prose: Prose | Chatter = Chatter(seed) if TEXT == "sentences" else Prose(seed)
     for n in range(n_turns):
         yield (
             {"role": "user", "content": f"turn {n}: " + prose.text(rng.randint(20, 70))},
@@ -512,7 +514,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stores", default="pg,memory")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument(
-        "--text", choices=("natural", "uniform"), default="natural", help="the messages' text"
+        "--text",
+        choices=("natural", "sentences", "uniform"),
+        default="natural",
+        help="the messages' text: Zipf word salad, sentence-shaped small talk, or uniform",
     )
     parser.add_argument("--window", type=int, default=50, help="turns per median")
     parser.add_argument(
