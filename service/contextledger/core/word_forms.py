@@ -67,23 +67,34 @@ _WORD = re.compile(r"[^\W_]+(?:[-.@/][^\W_]+)*")
 #: The lexemes a search looks up at most (``store.lexical.MAX_QUERY_LEXEMES``: the
 #: longest are kept): forms are added only while the query's own words all stay in.
 _ROOM = 12
+#: Longer texts are searched as they are: a question is short, a long turn (a pasted
+#: document, a tool call's arguments) has words enough of its own, and reading one of
+#: 4,000 characters for its words took ~0.25 ms a request.
+_LONGEST = 400
 
 
 def with_forms(text: str) -> str:
-    """``text`` and, after it, the other forms of the irregular words it uses, when its
-    own words and those forms together are at most ``_ROOM`` (the search keeps a query's
-    longest lexemes: a long turn keeps its own words, not forms that would push out a
-    short name). The same text gives the same result."""
-    words = [w.lower() for w in _WORD.findall(text)]
-    own = {w for w in words if w not in STOP_WORDS}
+    """``text`` and, after it, the other forms of the irregular words it uses, when it is
+    at most ``_LONGEST`` characters and its own words and those forms together are at most
+    ``_ROOM`` (the search keeps a query's longest lexemes: a long turn keeps its own
+    words, not forms that would push out a short name). The same text gives the same
+    result."""
+    if len(text) > _LONGEST:
+        return text
+    words = _WORD.findall(text.lower())
+    distinct = set(words)
+    if FORMS.keys().isdisjoint(distinct):  # (at C speed: most turns use none)
+        return text
+    own = distinct - STOP_WORDS
+    if len(own) >= _ROOM:  # no room for one form: a long turn is searched as it is
+        return text
     added: list[str] = []
     for word in words:
         for form in FORMS.get(word, ()):
             if form not in own and form not in added:
                 added.append(form)
-    if not added:
-        return text
-    counted = sum(3 if any(c in w for c in "-.@/") else 1 for w in own)
-    if counted + len(added) > _ROOM:
+    # a word joined by "-", ".", "@" or "/" is several lexemes: counted as 3
+    counted = len(own) + 2 * sum(1 for w in own if not w.isalnum())
+    if not added or counted + len(added) > _ROOM:
         return text
     return f"{text} ({' '.join(added)})"

@@ -59,6 +59,12 @@ def test_a_long_text_keeps_its_own_words_only() -> None:
     assert added(question) == ["went", "gone", "saw", "seen"]
 
 
+def test_a_text_longer_than_a_question_is_searched_as_it_is() -> None:
+    question = "Where did you go? " + "a " * 200
+    assert len(question) > 400 and with_forms(question) == question
+    assert added(question[:400]) == ["went", "gone"]
+
+
 def test_the_room_is_the_searches_lexeme_cap() -> None:
     assert _ROOM == MAX_QUERY_LEXEMES
 
