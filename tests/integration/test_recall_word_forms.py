@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from contextledger import Ledger
+from contextledger.store.memory import MemoryStore
 from tests.integration.test_recall import chatter, recall_blocks
 from tests.integration.test_recall_lexed_appends import call, replays_agree, warm_of
 
@@ -74,6 +75,42 @@ async def test_another_configuration_searches_the_turn_alone(ledger: Ledger) -> 
         request = await session.get_messages_for_request(token_budget=BUDGET)
         found[config] = any(told in block for block in recall_blocks(request))
     assert found == {"english": True, "simple": False}
+
+
+#: Queries where added forms would push a short name (``ed``) out of the 12 lexemes a
+#: search looks up: a hyphenated word is several lexemes; a tool loop's query is the turn
+#: and its calls together; ``memory://`` keeps words PostgreSQL drops ("where", "you").
+DISPLACING = {
+    "hyphenated": ["Did Ed and Bo drive the three-year-old and six-month-old to Oslo?"],
+    # (the call's words bring the query to the cap of each store's tokenizer: memory://
+    # keeps "which", "did", "over", PostgreSQL drops them)
+    "tool loop": [
+        "Which city did Ed drive to over the weekend?",
+        '{"query": "weekend trip city history travel museum harbour"}',
+        '{"query": "weekend trip city harbour"}',
+    ],
+    "kept words": ["Where did you and Ed go with the kids when she drove to Leeds?"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISPLACING))
+async def test_forms_never_push_the_query_s_own_words_out(ledger: Ledger, case: str) -> None:
+    told = "Ed has the spare car seats."
+    turn, *calls = DISPLACING[case]
+    if calls:
+        calls = calls[1:] if isinstance(ledger.store, MemoryStore) else calls[:1]
+    session = await told_then_asked(ledger, told, turn)
+    for n, arguments in enumerate(calls):
+        function = {"name": "lookup", "arguments": arguments}
+        await session.add_message(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": f"c{n}", "type": "function", "function": function}],
+            }
+        )
+    request = await session.get_messages_for_request(token_budget=BUDGET)
+    assert any(told in block for block in recall_blocks(request))
 
 
 async def test_a_tool_loop_asking_with_irregular_verbs_still_skips_its_catch_ups(

@@ -241,11 +241,10 @@ def query_text(view: Sequence[ViewItem]) -> str:
 
 
 def search_text(view: Sequence[ViewItem]) -> str:
-    """What recall searches for: ``query_text`` with, after each of its parts, the other
-    forms of the irregular words the part uses (``word_forms.with_forms``: "where did she
-    go?" finds "I went to Lisbon"). Part by part, so the text of a tool loop's query is the
-    text asked so far, a line break, and the call's own (what a store's appends guess)."""
-    return "\n".join(with_forms(part) for part in _query_parts(view))
+    """What recall searches for: ``query_text`` with the other forms of the irregular
+    words it uses (``word_forms.with_forms``: "where did she go?" finds "I went to
+    Lisbon"), when they fit beside its own."""
+    return with_forms(query_text(view))
 
 
 def _query_parts(view: Sequence[ViewItem]) -> list[str]:

@@ -44,7 +44,7 @@ import structlog
 
 from contextledger.core.recall import MAX_QUERY_CHARS, message_text
 from contextledger.core.units import is_human_turn, tool_calls
-from contextledger.core.word_forms import with_forms
+from contextledger.core.word_forms import with_forms, without_forms
 from contextledger.store.lexical import neighbours
 from contextledger.store.postgres.statements import S
 from contextledger.store.postings import Branch, Missing, Postings, search
@@ -188,7 +188,7 @@ def query_of(message: Mapping[str, Any], asking: str | None = None) -> str | Non
     if asking is None or not tool_calls(message):
         return None
     part = message_text(message)[:MAX_QUERY_CHARS]
-    return f"{asking}\n{with_forms(part)}" if part else None
+    return with_forms(f"{without_forms(asking)}\n{part}") if part else None
 
 
 def lexed(query: str | None, columns: Sequence[Any]) -> Lexed | None:
