@@ -53,13 +53,21 @@ async def chatter(session: Session, n: int, start: int = 0) -> None:
         )
 
 
-async def planted(ledger: Ledger, config: dict[str, Any] | None = None) -> Session:
-    session = await ledger.session("r", config={"token_counter": "chars", **(config or {})})
+async def planted(
+    ledger: Ledger,
+    config: dict[str, Any] | None = None,
+    *,
+    fact: str = FACT,
+    question: str = QUESTION,
+    sid: str = "r",
+) -> Session:
+    """``fact`` said early, 40 turns of chatter, ``question`` the latest turn."""
+    session = await ledger.session(sid, config={"token_counter": "chars", **(config or {})})
     await session.add_message({"role": "system", "content": "You are a coding agent."})
-    await session.add_message({"role": "user", "content": FACT})
+    await session.add_message({"role": "user", "content": fact})
     await session.add_message({"role": "assistant", "content": "Noted."})
     await chatter(session, 40)
-    await session.add_message({"role": "user", "content": QUESTION})
+    await session.add_message({"role": "user", "content": question})
     return session
 
 

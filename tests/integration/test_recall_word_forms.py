@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from contextledger import Ledger
+from contextledger import Ledger, Session
 from contextledger.store.memory import MemoryStore
-from tests.integration.test_recall import chatter, recall_blocks
+from tests.integration.test_recall import planted, recall_blocks
 from tests.integration.test_recall_lexed_appends import call, replays_agree, warm_of
 
 BUDGET = 2000
@@ -29,14 +29,8 @@ CASES = [
 
 async def told_then_asked(
     ledger: Ledger, told: str, asked: str, config: Any = None, *, sid: str = "v"
-) -> Any:
-    session = await ledger.session(sid, config={"token_counter": "chars", **(config or {})})
-    await session.add_message({"role": "system", "content": "You are a helpful assistant."})
-    await session.add_message({"role": "user", "content": told})
-    await session.add_message({"role": "assistant", "content": "Noted."})
-    await chatter(session, 40)
-    await session.add_message({"role": "user", "content": asked})
-    return session
+) -> Session:
+    return await planted(ledger, config, fact=told, question=asked, sid=sid)
 
 
 @pytest.mark.parametrize(("told", "asked"), CASES)
