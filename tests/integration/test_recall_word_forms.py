@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from contextledger import Ledger, Session
+from contextledger.core.word_forms import most_lexemes
+from contextledger.store.dsn import asyncpg_dsn
+from contextledger.store.lexical import tokenize
 from contextledger.store.memory import MemoryStore
+from tests.examples import examples
 from tests.integration.test_recall import planted, recall_blocks
 from tests.integration.test_recall_lexed_appends import call, replays_agree, warm_of
 
@@ -84,6 +91,9 @@ DISPLACING = {
         '{"query": "weekend trip city harbour"}',
     ],
     "kept words": ["Where did you and Ed go with the kids when she drove to Leeds?"],
+    # PostgreSQL's parser makes "-8" and "ab" of "-8ab", "8ab" of "8ab" (and of the
+    # 2-letter lexemes, "ed" sorts last: the one a 13th pushes out)
+    "signed numbers": ["Ed wrote -8ab margins, not 8ab, on the Leeds header Bo built."],
 }
 
 
@@ -105,6 +115,38 @@ async def test_forms_never_push_the_query_s_own_words_out(ledger: Ledger, case: 
         )
     request = await session.get_messages_for_request(token_budget=BUDGET)
     assert any(told in block for block in recall_blocks(request))
+
+
+#: Words a parser splits in ways a question's words seldom are
+TRICKY = [
+    "-8px", "+3pm", "8px", "19--19", "UTC-5", "/tmp", "~/src", "~/it", "/the", "com+0x1f",
+    "three-year-old", "ab-cd@ef-gh", "a.b@c-d.org", "https://ex.com/a/b-c?x=1", "1.2.3",
+    "v2.0", "x\u00b2y", "H\u2082O", "Jos\u00e9", "\u65e5\u672c\u8a9e", "\U0001f600", "snake_case",
+    "can't", "Tim's", "co-op", "--", "it", "the", "drive", "went", "children", "Ed", "Jo",
+    "(went", "gone)", "e-mail", "10:30", "$5", "#42", "C++", "foo.bar", "well-known",
+]  # fmt: skip
+
+
+@settings(
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(st.lists(st.sampled_from(TRICKY), min_size=1, max_size=14).map(" ".join))
+async def test_the_guard_counts_at_least_the_lexemes_either_parser_makes(
+    pg_dsn: str, text: str
+) -> None:
+    """``most_lexemes`` is an upper bound for PostgreSQL's ``english`` parser (the server
+    under test) and ``memory://``'s tokenizer: so forms never push a lexeme out."""
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        made = await conn.fetchval(
+            "SELECT cardinality(tsvector_to_array(to_tsvector('english', $1)))", text
+        )
+    finally:
+        await conn.close()
+    assert most_lexemes(text) >= made
+    assert most_lexemes(text) >= len(set(tokenize(text, "english")))
 
 
 async def test_a_tool_loop_asking_with_irregular_verbs_still_skips_its_catch_ups(

@@ -52,17 +52,22 @@ for _entry in _TABLE.replace("\n", " ").split(";"):
         FORMS.setdefault(_word, tuple(f for f in _forms if f != _word))
 
 #: Words both search paths drop (bm25s's English stop words, which ``memory://`` drops;
-#: PostgreSQL's ``english.stop`` holds them and more): the guard counts every other word,
-#: so it never counts fewer lexemes than either path makes.
+#: PostgreSQL's ``english.stop`` holds them and more): a text's word that is one of them
+#: is not counted.
 _DROPPED = """a an and are as at be but by for if in into is it no not of on or such that the
 their then there these they this to was will with"""
 DROPPED = frozenset(_DROPPED.split())
 
-#: What counts as one of a query's words (PostgreSQL's parser makes lexemes of letters and
-#: digits; a word joined by ``-`` is its parts and the whole: ``three-year-old`` is 4; one
-#: joined by ``.``, ``@`` or ``/`` is fewer, counted the same).
-_WORD = re.compile(r"[^\W_]+(?:[-.@/][^\W_]+)*")
-_JOINER = re.compile(r"[-.@/]")
+#: A text's words, to find the irregular ones (and the forms it already has).
+_WORD = re.compile(r"[^\W_]+")
+#: What a parser may make a lexeme of, at most one each: a run of ASCII letters, a run of
+#: digits, any other character but an apostrophe. PostgreSQL's makes fewer of a
+#: whitespace-separated word (``three-year-old``: its parts and the whole, 4 against 5;
+#: ``-8px``: ``-8`` and ``px``, 2 against 3; ``x²y``: 2 against 3), bm25s fewer still (its
+#: tokens are runs of letters and digits).
+_PIECE = re.compile(r"[A-Za-z]+|[0-9]+|[^\sA-Za-z0-9'\u2019]")
+#: What both parsers drop at a word's ends (a sign, a slash or a tilde they keep).
+_EDGES = ".,;:!?\"'()[]{}<>*\u00ab\u00bb\u201c\u201d\u2018\u2019\u2026"
 #: The lexemes a search looks up at most (``store.lexical.MAX_QUERY_LEXEMES``: the
 #: longest are kept): forms are added only while the query's own words all stay in.
 _ROOM = 12
@@ -72,32 +77,43 @@ _ROOM = 12
 _LONGEST = 400
 
 
+def most_lexemes(text: str) -> int:
+    """At least as many lexemes as either search path makes of ``text`` (the distinct
+    whitespace-separated words, each counted by ``_PIECE``, a dropped word not at all)."""
+    count = 0
+    for word in {w.strip(_EDGES).lower() for w in text.split()}:
+        if word and word not in DROPPED:
+            count += len(_PIECE.findall(word))
+    return count
+
+
 def with_forms(text: str) -> str:
     """``text`` and, after it in parentheses, the other forms of the irregular words it
-    uses, when it is at most ``_LONGEST`` characters and its own words and those forms
-    together are at most ``_ROOM`` (the search keeps a query's longest lexemes: forms
-    must not push out a short name). The same text gives the same result."""
+    uses, when it is at most ``_LONGEST`` characters and its lexemes (``most_lexemes``)
+    and those forms together are at most ``_ROOM`` (the search keeps a query's longest
+    lexemes: forms must not push out a short name). The same text gives the same result."""
     if len(text) > _LONGEST:
         return text
     words = _WORD.findall(text.lower())
     distinct = set(words)
     if FORMS.keys().isdisjoint(distinct):  # (at C speed: most texts use none)
         return text
-    own = distinct - DROPPED
-    counted = sum(1 if w.isalnum() else len(_JOINER.split(w)) + 1 for w in own)
     added: list[str] = []
     for word in words:
         for form in FORMS.get(word, ()):
-            if form not in own and form not in added:
+            if form not in distinct and form not in added:
                 added.append(form)
-    if not added or counted + len(added) > _ROOM:
+    if not added or most_lexemes(text) + len(added) > _ROOM:
         return text
     return f"{text} ({' '.join(added)})"
 
 
 def without_forms(text: str) -> str:
     """What ``with_forms`` was given to make ``text`` (``text`` itself when it added
-    nothing): a store's appends guess the next query from the one before it."""
+    nothing): a store's appends guess the next query from the one before it. A text that
+    already ended with its own forms in parentheses reads as one they were added to (it
+    is the same text): the guess built on it is wrong, and costs that request its skipped
+    catch-up, nothing more."""
     head, sep, _ = text.rpartition(" (")
     if sep and text.endswith(")") and with_forms(head) == text:
         return head

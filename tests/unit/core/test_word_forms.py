@@ -68,18 +68,17 @@ def test_a_hyphenated_word_counts_as_the_lexemes_postgresql_makes_of_it() -> Non
 
 @pytest.mark.parametrize(
     "text",
-    [
-        "Where did you go?",
-        "Where did you go? (went gone)",  # the forms already said
-        "We went (on foot)",
-        "no forms here",
-        "Did Ed drive the three-year-old to Oslo?",
-        "",
-    ],
+    ["Where did you go?", "We went (on foot)", "no forms here", "Did Ed drive to Oslo?", ""],
 )
 def test_without_forms_gives_back_what_with_forms_was_given(text: str) -> None:
-    assert without_forms(with_forms(text)) == text or with_forms(text) == text
-    assert with_forms(without_forms(with_forms(text))) == with_forms(text)
+    assert without_forms(with_forms(text)) == text
+
+
+def test_a_text_that_ends_with_its_own_forms_reads_as_one_they_were_added_to() -> None:
+    """The one text ``without_forms`` cannot tell apart (a guess built on it costs a
+    request its skipped catch-up): ``with_forms`` leaves it as it is."""
+    said = "Where did you go? (went gone)"
+    assert with_forms(said) == said and without_forms(said) == "Where did you go?"
 
 
 def test_a_text_longer_than_a_question_is_searched_as_it_is() -> None:
@@ -121,4 +120,5 @@ def test_forms_are_added_once(text: str) -> None:
     once = with_forms(text)
     assert once.startswith(text)
     assert with_forms(once) == once
-    assert without_forms(once) == text or once == text
+    if once != text:
+        assert without_forms(once) == text
