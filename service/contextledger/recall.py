@@ -24,7 +24,7 @@ import structlog
 
 from contextledger import hooks as hk
 from contextledger import telemetry
-from contextledger.core.config import REDACTED, ContextConfig, RecallConfig
+from contextledger.core.config import REDACTED, ContextConfig, RecallConfig, ts_config_name
 from contextledger.core.recall import (
     CARRIED_KINDS,
     RecallBlock,
@@ -127,7 +127,7 @@ async def recall_for_request(
     ``upto_seq``: what came after the question (its answer, tool results) is carried by
     the request, and a search anchored there can start before the request is built."""
     # the irregular forms are English words: another configuration searches the turn alone
-    english = config.text_search_config.rpartition(".")[2] == "english"
+    english = ts_config_name(config.text_search_config) == "english"
     query = search_text(view) if english else query_text(view)
     if not config.enabled or not query.strip() or budget_tokens <= 0:
         return RecallBlock(None, (), 0, query)

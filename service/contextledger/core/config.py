@@ -471,6 +471,12 @@ RECALL_ENGINES: tuple[str, ...] = ("lexical", "hybrid")
 _TS_CONFIG_RE = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$")
 
 
+def ts_config_name(text_config: str) -> str:
+    """A text search configuration's name without its schema (``pg_catalog.english``:
+    ``english``): what the stemmer, the stop words and recall's word forms go by."""
+    return text_config.rpartition(".")[2]
+
+
 def _ts_config(key: str, value: Any) -> str:
     name = _str(key, value)
     assert name is not None

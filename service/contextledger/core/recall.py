@@ -237,7 +237,14 @@ def latest_turn(view: Sequence[ViewItem]) -> int | None:
 
 def query_text(view: Sequence[ViewItem]) -> str:
     """What recall asks about: the latest human turn and any tool call made after it."""
-    return "\n".join(_query_parts(view))
+    start = latest_turn(view)
+    if start is None:
+        return ""
+    parts = [message_text(view[start].message)[:MAX_QUERY_CHARS]]
+    for item in view[start + 1 :]:
+        if tool_calls(item.message):
+            parts.append(message_text(item.message)[:MAX_QUERY_CHARS])
+    return "\n".join(p for p in parts if p)
 
 
 def search_text(view: Sequence[ViewItem]) -> str:
@@ -245,17 +252,6 @@ def search_text(view: Sequence[ViewItem]) -> str:
     words it uses (``word_forms.with_forms``: "where did she go?" finds "I went to
     Lisbon"), when they fit beside its own."""
     return with_forms(query_text(view))
-
-
-def _query_parts(view: Sequence[ViewItem]) -> list[str]:
-    start = latest_turn(view)
-    if start is None:
-        return []
-    parts = [message_text(view[start].message)[:MAX_QUERY_CHARS]]
-    for item in view[start + 1 :]:
-        if tool_calls(item.message):
-            parts.append(message_text(item.message)[:MAX_QUERY_CHARS])
-    return [p for p in parts if p]
 
 
 #: View items that stand for ledger messages (a summary's seq is not a message's, an

@@ -17,6 +17,8 @@ from functools import lru_cache
 from itertools import islice
 from typing import Any
 
+from contextledger.core.config import ts_config_name
+
 K1 = 0.5
 B = 0.9
 #: A recall search's bounds, the same in both stores (PostgreSQL's ``_SEARCH`` spells these
@@ -153,7 +155,7 @@ def rank(
 def _stemmer(text_config: str) -> Any:
     import Stemmer
 
-    name = text_config.rpartition(".")[2]
+    name = ts_config_name(text_config)
     return Stemmer.Stemmer(name) if name in Stemmer.algorithms() else None
 
 
@@ -171,7 +173,7 @@ class Lexer:
     def __init__(self, text_config: str) -> None:
         from bm25s.tokenization import Tokenizer
 
-        stop = "en" if text_config.rpartition(".")[2] == "english" else []
+        stop = "en" if ts_config_name(text_config) == "english" else []
         self._tokenizer = Tokenizer(stopwords=stop, stemmer=_stemmer(text_config))
         self._names: list[str] = []  # id -> lexeme
 

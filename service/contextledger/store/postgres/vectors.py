@@ -141,36 +141,33 @@ class Vectors(Lineages):
         if not seqs:
             return []
         lineage = await self._lineage(session_id)
-        if lineage:  # each seq read from the session of the lineage holding it
+        # (owner, seqs, upto, branch): each seq read from the session of the lineage holding
+        # it, by that session's own id with its part of the branch (read by the fork's id
+        # again, the fork's own part would follow the lineage without end)
+        parts: list[tuple[str, list[int], int, Collection[int] | None]]
+        if lineage:
             on = (
                 set(branch)
                 if branch is not None
                 else await self._fork_branch_seqs(session_id, lineage)
             )
-            out: list[Recalled] = []
-            for owner, lo, hi in segments(session_id, lineage, 1, upto_seq):
-                part = [q for q in seqs if lo <= q <= hi]
-                if part:  # (each session by its own id, the branch given: not again by
-                    # lineage, which the fork's own part would follow without end)
-                    out += await self._recall_messages_of(
-                        owner, part, upto_seq=hi, branch=[q for q in on if lo <= q <= hi]
-                    )
-            return out
-        return await self._recall_messages_of(session_id, seqs, upto_seq=upto_seq, branch=branch)
-
-    async def _recall_messages_of(
-        self,
-        session_id: str,
-        seqs: Collection[int],
-        *,
-        upto_seq: int,
-        branch: Collection[int] | None,
-    ) -> list[Recalled]:
-        """``recall_messages`` of one session's own events."""
-        sealer = await self._sealer(session_id, fresh=True)
-        values: dict[str, Any] = {"seqs": sorted(seqs), "upto": upto_seq}
-        rows = await self._fetch_on_branch(RECALL_MESSAGES, values, session_id, branch)
-        return [Recalled(r[0], _opened(r[0], json.loads(r[1]), sealer), r[2], r[3]) for r in rows]
+            parts = [
+                (owner, [q for q in seqs if lo <= q <= hi], hi, [q for q in on if lo <= q <= hi])
+                for owner, lo, hi in segments(session_id, lineage, 1, upto_seq)
+            ]
+        else:
+            parts = [(session_id, list(seqs), upto_seq, branch)]
+        out: list[Recalled] = []
+        for owner, part, upto, on_branch in parts:
+            if part:
+                sealer = await self._sealer(owner, fresh=True)
+                values: dict[str, Any] = {"seqs": sorted(part), "upto": upto}
+                rows = await self._fetch_on_branch(RECALL_MESSAGES, values, owner, on_branch)
+                out += [
+                    Recalled(r[0], _opened(r[0], json.loads(r[1]), sealer), r[2], r[3])
+                    for r in rows
+                ]
+        return out
 
     async def _fetch_on_branch(
         self,

@@ -463,7 +463,8 @@ class WarmIndexes:
             at = (link.seq, link.hash)
         return list(warm.query[1]) if seq <= at[0] and at == tip else None
 
-    def _take_links(self, warm: _Warm) -> list[_Link]:
+    @staticmethod
+    def _take_links(warm: _Warm) -> list[_Link]:
         """The links past the postings' ``upto``, added to them (``_caught_up`` said
         they form the chain from its tip)."""
         held = warm.postings
