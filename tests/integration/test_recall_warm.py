@@ -9,14 +9,18 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from contextledger import Ledger
 from contextledger.core.events import MessageAppended, SessionCreated
+from contextledger.store.dsn import asyncpg_dsn
 from contextledger.store.lexical import DEEP_LIMIT, PER_TERM
 from contextledger.store.postgres import PostgresStore
-from contextledger.store.postgres.search import FORWARD, INDEX_BATCH, sync_sql
+from contextledger.store.postgres.placeholders import bind
+from contextledger.store.postgres.search import FORWARD, INDEX_BATCH, INDEX_BEHIND, sync_sql
 from contextledger.store.postgres.warm import WarmIndexes, ranked
 from contextledger.store.postings import Missing
 from tests.examples import examples
@@ -258,6 +262,52 @@ async def test_postings_are_stored_after_the_request_a_batch_at_a_time(pg_dsn: s
         await store.wait_indexed(store=False)
         assert await stored(pg_dsn, "r") == await message_seqs(session)
         assert not store._unstored and not store._indexing
+
+
+async def test_postings_another_process_stores_at_the_same_time_are_stored_after(
+    pg_dsn: str,
+) -> None:
+    # The store statement is a plain INSERT (no ON CONFLICT: the stored postings are a
+    # prefix). Another process stores the same session's first (its transaction holds the
+    # rows while this one's statement runs and waits on them): this one collides, runs
+    # again from after them, and stores what they lack; nothing fails, nothing is lost.
+    async with Ledger.open(pg_dsn) as ledger:
+        store = pg_store(ledger)
+        session = await planted(ledger)
+        await session.get_messages_for_request(2000)
+        await store.wait_indexed(store=False)
+        await chatter(session, 3, start=50)
+        await session.get_messages_for_request(2000)
+        assert "r" in store._unstored  # noted, within a batch
+        other = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+        try:
+            statement, args = bind(INDEX_BEHIND, {}, "r")
+            async with other.transaction():
+                (theirs,) = await other.fetch(statement, *args)
+                assert theirs[0] > 0  # the other process's rows, not committed yet
+                await chatter(session, 2, start=60)  # past what it stores
+                with capture_logs() as logs:
+                    mine = asyncio.ensure_future(store.wait_indexed())
+                    for _ in range(400):  # until this store's statement waits on those rows
+                        if await other.fetchval(WAITING_ON_A_ROW):
+                            break
+                        await asyncio.sleep(0.025)
+                    else:
+                        raise AssertionError("the store's statement never waited")
+                    assert not mine.done()
+            await asyncio.wait_for(mine, 30)  # the other transaction committed
+        finally:
+            await other.close()
+        assert not [e for e in logs if e["event"] == "recall_index_failed"]
+        seqs = await message_seqs(session)
+        assert theirs[1] < seqs[-1] and await stored(pg_dsn, "r") == seqs
+
+
+#: Whether another backend waits for this one's transaction (its rows).
+WAITING_ON_A_ROW = (
+    "SELECT EXISTS (SELECT FROM pg_stat_activity"
+    " WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid)))"
+)
 
 
 async def test_closing_the_store_stores_the_postings_a_batch_was_waiting_for(
