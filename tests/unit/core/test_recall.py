@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,12 +14,14 @@ from hypothesis import strategies as st
 from contextledger.core.config import ContextConfig
 from contextledger.core.recall import (
     RECALL_OPEN,
+    ROOM_KINDS,
     RRF_K,
     RecallBlock,
     Recalled,
     asks_about_past,
     fuse,
     give_back,
+    latest_turn,
     leaves_out,
     make_room,
     message_text,
@@ -325,6 +329,82 @@ def test_what_the_block_leaves_unused_goes_back_newest_first() -> None:
         view[2],
         view[3],
     ]
+
+
+def _make_room_by_steps(view: Sequence[ViewItem], tokens: int) -> int:
+    """``make_room`` as its rule reads, one item at a time (what the fast one must equal)."""
+    start, last = room_start(view), latest_turn(view)
+    if last is None or tokens <= 0:
+        return start
+    best, used = start, 0
+    for index in range(start, last):
+        if view[index].kind not in ROOM_KINDS:
+            break
+        used += view[index].tokens
+        if used > tokens:
+            break
+        if not result_ids(view[index + 1].message):
+            best = index + 1
+    return best
+
+
+def _give_back_by_steps(
+    view: Sequence[ViewItem], start: int, end: int, spare: int, taken: set[int]
+) -> list[ViewItem]:
+    """``give_back`` as its rule reads, one item at a time."""
+    cut, used = end, 0
+    for index in range(end - 1, start - 1, -1):
+        if view[index].seq in taken:
+            continue
+        used += view[index].tokens
+        if used > spare:
+            break
+        if not result_ids(view[index].message):
+            cut = index
+    return [item for item in view[cut:end] if item.seq not in taken]
+
+
+@st.composite
+def rooms(draw: st.DrawFn) -> tuple[tuple[ViewItem, ...], int, set[int]]:
+    """A view of turns, tool units (one or two results), summaries and ephemeral items
+    (random counts), a room and seqs a block took."""
+    specs: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        specs.append({"role": "system", "content": "sys"})
+    for n in range(draw(st.integers(0, 30))):
+        shape = draw(st.sampled_from(["user", "assistant", "unit", "unit2"]))
+        if shape == "user":
+            specs.append(user("q " * draw(st.integers(0, 9))))
+        elif shape == "assistant":
+            specs.append(assistant("a " * draw(st.integers(0, 9))))
+        else:
+            ids = [f"c{n}", f"d{n}"][: 2 if shape == "unit2" else 1]
+            specs.append(openai_call([(i, "grep") for i in ids]))
+            specs.extend(openai_result(i, "r " * draw(st.integers(0, 5))) for i in ids)
+    view = list(items(specs))
+    kinds = st.sampled_from(["message", "message", "synthetic", "summary", "ephemeral"])
+    view = [
+        replace(item, kind=draw(kinds), tokens=draw(st.integers(0, 40)))
+        if item.message.get("role") != "system"
+        else item
+        for item in view
+    ]
+    taken = set(draw(st.lists(st.sampled_from([i.seq for i in view] or [0]), max_size=6)))
+    return tuple(view), draw(st.integers(-5, 400)), taken
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(rooms())
+def test_making_room_and_giving_back_follow_their_rules_item_by_item(
+    case: tuple[tuple[ViewItem, ...], int, set[int]],
+) -> None:
+    view, tokens, taken = case
+    assert make_room(view, tokens) == _make_room_by_steps(view, tokens)
+    start = room_start(view)
+    for end in range(start, len(view) + 1):
+        assert give_back(view, start, end, tokens, taken) == _give_back_by_steps(
+            view, start, end, tokens, taken
+        )
 
 
 def test_only_a_request_that_leaves_something_out_widens() -> None:
