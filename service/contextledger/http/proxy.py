@@ -44,7 +44,7 @@ from contextledger import Session
 from contextledger.appends import check_size
 from contextledger.core.messages import ROLES, validate_message
 from contextledger.core.shapes import shape_of
-from contextledger.errors import SessionNotFound
+from contextledger.errors import ConcurrencyError, SessionNotFound
 from contextledger.http import upstream
 from contextledger.http.auth import tenant_for
 from contextledger.http.problems import Problem
@@ -243,6 +243,61 @@ async def _session(
     except SessionNotFound:
         _check(sent, None)
         return await tenants.session(tenant, session_id, create=True, model=model)
+
+
+#: Times one request compares the history again after finding that another process wrote
+#: the session since this one last looked (then ``ConcurrencyError``, a 409: retry it).
+MAX_REREADS = 3
+
+
+class _Behind(ConcurrencyError):
+    """This process's idea of the session's branch is behind the ledger's."""
+
+
+def _moved(session: Session, head: int) -> str:
+    return (
+        f"session {session.session_id!r} was written past seq {head} by another process"
+        " while this request was recorded: retry it"
+    )
+
+
+async def _record(
+    session: Session, sent: Sequence[Mapping[str, Any]], k: int, stored: int, metrics: Any
+) -> int | None:
+    """Record what ``sent`` holds beyond the ``k`` messages the branch shares with it
+    (``stored`` long): appended, or the branch rewritten to it. The seq of the branch's
+    last message, if written here. ``_Behind`` when the branch is not what the comparison
+    saw: another process (a second instance behind the same balancer) wrote meanwhile.
+    The first write is pinned to the head the comparison read, and an append the ledger
+    already holds under its key is one the other process recorded: either way the
+    history is compared again, never appended after what was not looked at (an edited
+    reply went after the original; each message the other process had written was one
+    more round trip to find it held)."""
+    head = session.head
+    if k < stored:  # the client rewrote its history: record what it now holds
+        try:
+            written = await session.set_messages([essence(m) for m in sent], expected_seq=head)
+        except ConcurrencyError:
+            raise _Behind(_moved(session, head)) from None
+        _prefixes.pop(session, None)
+        return written
+    _check(sent[k:], session.config.max_message_bytes)
+    last: int | None = None
+    for i, m in enumerate(sent[k:], start=k):
+        before = session.head
+        try:
+            last = await session.add_message(
+                essence(m),
+                idempotency_key=position_key(i, m),
+                expected_seq=head if i == k else None,
+            )
+        except ConcurrencyError:
+            raise _Behind(_moved(session, head)) from None
+        if last != session.head:  # held already (a duplicate leaves the head where it was)
+            raise _Behind(_moved(session, head))
+        _extend(session, before, last, m, as_sent=True)
+        metrics.appends.inc()
+    return last
 
 
 def _check(messages: Sequence[Mapping[str, Any]], cap: int | None) -> None:
@@ -499,28 +554,27 @@ async def chat_completions(request: Request) -> Response:
         raise Problem(422, "INVALID_SESSION_ID", "a session id cannot contain '/'")
     started = time.perf_counter()
     session = await _session(tenants, tenant, session_id, model, sent)
-    k, stored = await _common_prefix(session, sent)
-    retry = k == len(sent) and k < stored
     budget = settings.proxy_token_budget
-    if retry:  # a resend of an earlier request: its reply is recorded already
-        outgoing = await _view_as_sent(session, k, budget, model)
-    else:
-        last: int | None = None  # the seq of the branch's last message, when written here
-        if k < stored:  # the client rewrote its history: record what it now holds
-            last = await session.set_messages([essence(m) for m in sent])
+    for reread in range(MAX_REREADS + 1):
+        k, stored = await _common_prefix(session, sent)
+        retry = k == len(sent) and k < stored
+        if retry:  # a resend of an earlier request: its reply is recorded already
+            outgoing = await _view_as_sent(session, k, budget, model)
+            break
+        try:
+            last = await _record(session, sent, k, stored, metrics)
+        except _Behind:  # another process wrote the session: compare with what it holds
+            if reread == MAX_REREADS:
+                raise
             _prefixes.pop(session, None)
-        else:
-            _check(sent[k:], session.config.max_message_bytes)
-            for i, m in enumerate(sent[k:], start=k):
-                before = session.head
-                last = await session.add_message(essence(m), idempotency_key=position_key(i, m))
-                _extend(session, before, last, m, as_sent=True)
-            metrics.appends.inc(len(sent) - k)
+            await session.refresh()
+            continue
         outgoing = await session.get_messages_for_request(
             token_budget=budget, provider=Provider(model)
         )
         if last is not None:
             _sent[session] = _Sent(last, budget, model, outgoing)
+        break
     # The branch now holds exactly what was sent (appended to, or rewritten to it): the
     # reply's place is right after, where the client's resend will carry it.
     position = len(sent) if not retry else -1
@@ -709,7 +763,8 @@ class _Recorder:
                 reply, idempotency_key=position_key(self.position, reply)
             )
             _extend(self.session, before, seq, reply, as_sent=False)
-            self.metrics.appends.inc()
+            if seq == self.session.head:  # (not a resend another process recorded first)
+                self.metrics.appends.inc()
 
         self.tenants.defer(self.tenant, self.session_id, write)
 

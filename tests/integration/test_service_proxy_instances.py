@@ -1,0 +1,96 @@
+"""Two service instances behind one session: a client resending its whole history to
+whichever instance a balancer picks records each message once, whatever the other
+instance wrote since (the prefix a process remembers is checked against the ledger's
+own record through the idempotency keys of the positions)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from contextledger import Ledger
+from contextledger.http.settings import Settings
+from tests.fakellm import FakeLLM, ok, tool_call
+from tests.integration.service_support import Running, branch, client, running_service
+
+
+async def appended(svc: Running) -> float:
+    """The messages ``svc`` counted as appended (its ``/metrics``)."""
+    text = (await svc.client.get("/metrics")).text
+    (line,) = [x for x in text.splitlines() if x.startswith("contextledger_appends_total ")]
+    return float(line.split()[1])
+
+
+async def _ask(svc: Running, history: list[Any], *, stream: bool) -> dict[str, Any]:
+    """One call, and the reply as the client keeps it in its history."""
+    oai = client(svc, "both")
+    if not stream:
+        reply = await oai.chat.completions.create(model="m", messages=history)
+        return reply.choices[0].message.model_dump()
+    chunks = await oai.chat.completions.create(model="m", messages=history, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+    return {"role": "assistant", "content": text}
+
+
+async def test_a_client_moving_between_two_instances_records_each_message_once(
+    pg_dsn: str, fake: FakeLLM
+) -> None:
+    rng = random.Random(7)
+    rounds = 16
+    fake.script(
+        "m",
+        [
+            tool_call("lookup", {"n": i}, call_id=f"call_{i}") if i % 5 == 2 else ok(f"a{i}")
+            for i in range(rounds)
+        ],
+    )
+    settings = Settings(dsn=pg_dsn, migrate=False, upstream_api_base=fake.base_url)
+    async with running_service(settings) as one, running_service(settings) as two:
+        history: list[Any] = [{"role": "system", "content": "Be brief."}]
+        for i in range(rounds):
+            if history[-1].get("tool_calls"):  # the tool's result, then the next call
+                call = history[-1]["tool_calls"][0]
+                history.append({"role": "tool", "tool_call_id": call["id"], "content": f"r{i}"})
+            else:
+                history.append({"role": "user", "content": f"u{i}"})
+            svc = rng.choice((one, two))  # the next call may come before the last record
+            calls = bool(i % 5 == 2)
+            history.append(await _ask(svc, history, stream=not calls and rng.random() < 0.5))
+        for svc in (one, two):
+            await svc.app.state.tenants.settled()
+        counted = [await appended(svc) for svc in (one, two)]
+        stored = await branch(one, pg_dsn, "both")
+    async with Ledger.open(pg_dsn) as ledger:
+        kinds = [e.type async for e in (await ledger.session("both", create=False)).events()]
+    # each message appended once, and nothing rewritten to mend a double record
+    assert kinds.count("message.appended") == len(history), kinds
+    assert set(kinds) == {"session.created", "message.appended"}, set(kinds)
+    assert len(stored) == len(history)
+    # and each appended by one instance only: none found held after a round trip to try
+    assert sum(counted) == len(history) and all(counted)
+    for mine, kept in zip(history, stored, strict=True):
+        assert (mine["role"], mine.get("content") or "") == (kept["role"], kept["content"] or "")
+        assert bool(mine.get("tool_calls")) == bool(kept.get("tool_calls"))
+
+
+async def test_an_edited_reply_sent_to_an_instance_that_is_behind_rewrites_the_history(
+    pg_dsn: str, fake: FakeLLM
+) -> None:
+    # The first instance last wrote after a0; the second recorded u1 and a1 since. The
+    # client edits a1 and asks the first: its own idea of the branch is behind, so it
+    # must compare with the ledger (the edit is a rewrite), not append after what it
+    # never saw (the original a1 followed by the edited one).
+    fake.script("m", [ok("a0"), ok("a1"), ok("a2")])
+    settings = Settings(dsn=pg_dsn, migrate=False, upstream_api_base=fake.base_url)
+    async with running_service(settings) as one, running_service(settings) as two:
+        history: list[Any] = [{"role": "user", "content": "u0"}]
+        history.append(await _ask(one, history, stream=False))
+        history.append({"role": "user", "content": "u1"})
+        history.append(await _ask(two, history, stream=False))
+        await two.app.state.tenants.settled()
+        history[-1] = {"role": "assistant", "content": "a1, said better"}
+        history.append({"role": "user", "content": "u2"})
+        history.append(await _ask(one, history, stream=False))
+        await one.app.state.tenants.settled()
+        stored = await branch(one, pg_dsn, "both")
+    assert [m["content"] for m in stored] == ["u0", "a0", "u1", "a1, said better", "u2", "a2"]
