@@ -11,7 +11,12 @@ name, a value that changes later (asked for now: the newer statement is the evid
 two-hop facts (a relative's city in one turn, a visit to that relative in another, asked
 as "which city did X drive to": both turns are the evidence). The other speaker answers
 each statement in a turn that repeats its topic words, as people do. Questions share at
-most a word or two (stemmed) with their evidence, never the sentence.
+most a word or two (stemmed) with their evidence, never the sentence. Two kinds share
+none (``--kinds all``, the default; ``base`` leaves them out): ``paraphrase``, a fact
+asked in other words ("what is her dog called?" of "we adopted a beagle, we named him
+Biscuit"), and ``aggregate``, three statements in three sittings that one question needs
+together ("what has she been doing outdoors lately?"): what only an embedding model can
+find.
 
 Each conversation is written with its sittings' dates (the events' times), then every
 question is appended as the latest user turn and the request built at a budget of 10%
@@ -57,6 +62,19 @@ JOBS = ("pharmacist", "paramedic", "librarian", "surveyor", "sommelier", "welder
 BOOKS = ("The Glass Orchard", "Northern Lights Ledger", "A Salt Road", "Copper Sparrows")
 INSTRUMENTS = ("cello", "banjo", "clarinet", "harmonica", "ukulele", "oboe")
 RELATIVES = ("cousin", "uncle", "aunt", "grandmother", "nephew")
+BREEDS = ("beagle", "terrier", "spaniel", "collie", "dachshund")
+PETS = ("Biscuit", "Pepper", "Waffles", "Juniper", "Noodle")
+COMPANIES = ("Halvorsen Freight", "Brightwater Labs", "Okafor & Daughters", "Teller Mills")
+FOODS = ("cheese", "bread", "coffee", "chocolate", "shellfish")
+VENUES = ("old boathouse", "glass conservatory", "rooftop garden", "stone barn")
+OUTDOORS = ("hiking", "kayaking", "camping", "climbing", "sailing", "cycling")
+#: ``--kinds``: ``base`` asks the kinds a shared word can find (the figures before
+#: 2026-11-28 were of these alone); ``all`` (default) adds ``paraphrase`` (the question
+#: shares no word with its evidence but the speaker's name: "what is her dog called?" of
+#: "we adopted a beagle, we named him Biscuit") and ``aggregate`` (three statements in
+#: three sittings, all needed, in other words than the question's), which a lexical
+#: search cannot find and an embedding model may.
+KINDS = "all"
 
 
 @dataclass
@@ -131,6 +149,72 @@ def _fact_kinds(
     ]
 
 
+def _paraphrases(rng: random.Random, me: str) -> list[tuple[str, list[str], str]]:
+    """(kind, [statement, reply], question): the question in other words than the
+    statement (nothing but the speaker's name in common)."""
+    pet, breed, company = rng.choice(PETS), rng.choice(BREEDS), rng.choice(COMPANIES)
+    food, venue = rng.choice(FOODS), rng.choice(VENUES)
+    return [
+        (
+            "paraphrase",
+            [
+                f"We adopted a little {breed} last month, we named him {pet}.",
+                f"{pet}! Send me pictures of the little one.",
+            ],
+            f"What is {me}'s dog called?",
+        ),
+        (
+            "paraphrase",
+            [
+                f"I started at {company} on Monday, the commute is brutal but the team is kind.",
+                "A new place! The first weeks are always the hardest.",
+            ],
+            f"Where is {me} employed at the moment?",
+        ),
+        (
+            "paraphrase",
+            [
+                f"My doctor says {food} is off the menu for good, so no more of that for me.",
+                "Oh no, you loved it so much.",
+            ],
+            f"Which thing to eat did {me} have to give up?",
+        ),
+        (
+            "paraphrase",
+            [
+                f"We booked the {venue} for the reception after the ceremony.",
+                "That place is gorgeous, what a choice.",
+            ],
+            f"Where will {me}'s wedding party take place?",
+        ),
+    ]
+
+
+def _harder(
+    rng: random.Random, me: str, other: str, n_sittings: int
+) -> list[tuple[int, list[tuple[str, str]], Question | None]]:
+    """Plans of the kinds no shared word finds (``KINDS``): two paraphrased facts and one
+    question whose three statements lie in three sittings."""
+    plans: list[tuple[int, list[tuple[str, str]], Question | None]] = []
+    for kind, (stmt, reply), q in rng.sample(_paraphrases(rng, me), 2):
+        turns = [(me, stmt), (other, reply)]
+        plans.append((rng.randrange(n_sittings), turns, Question(kind, q, [f"{me}: {stmt}"])))
+    first, second, third = rng.sample(OUTDOORS, 3)
+    said = [
+        f"Went {first} with my brother on Saturday, what a view from the top.",
+        f"Took the kids {second} at the lake, they came back soaked and happy.",
+        f"Booked a {third} weekend for next month, first time for me.",
+    ]
+    replies = ["Sounds like a perfect day.", "Ha, kids and water!", "You will love it."]
+    at = sorted(rng.sample(range(n_sittings), 3))
+    question = Question(
+        "aggregate", f"What has {me} been doing outdoors lately?", [f"{me}: {t}" for t in said]
+    )
+    for k in range(3):
+        plans.append((at[k], [(me, said[k]), (other, replies[k])], question if k == 2 else None))
+    return plans
+
+
 def conversation(seed: int) -> Conversation:
     """One generated conversation and its questions (deterministic for ``seed``)."""
     rng = random.Random(seed)
@@ -186,6 +270,10 @@ def conversation(seed: int) -> Conversation:
                 ),
             )
         )
+    if KINDS == "all":  # from an RNG of their own: the base kinds' plans stay as they were
+        other_rng = random.Random(seed * 7919 + 1)
+        for me, other in ((a, b), (b, a)):
+            plans.extend(_harder(other_rng, me, other, n_sittings))  # type: ignore[arg-type]
     by_sitting: dict[int, list[tuple[list[tuple[str, str]], Question | None]]] = {}
     for at, turns, q in plans:
         by_sitting.setdefault(at, []).append((turns, q))
@@ -281,9 +369,10 @@ async def measure(ledger: Ledger, sid: str, conv: Conversation, pct: int, recall
         if q.kind == "multi-hop":
             tally.multi += 1
             tally.multi_all += all(hits)
-        k = tally.by_kind.setdefault(q.kind, [0, 0])
+        k = tally.by_kind.setdefault(q.kind, [0, 0, 0])
         k[0] += 1
         k[1] += any(hits)
+        k[2] += all(hits)
         await session.add_message({"role": "assistant", "content": "Let me think back."})
     return tally
 
@@ -316,10 +405,11 @@ async def main_async(args: argparse.Namespace) -> None:
                             total.multi += t.multi
                             total.multi_all += t.multi_all
                             total.ms += t.ms
-                            for kind, (n, ok) in t.by_kind.items():
-                                k = total.by_kind.setdefault(kind, [0, 0])
+                            for kind, (n, ok, whole) in t.by_kind.items():
+                                k = total.by_kind.setdefault(kind, [0, 0, 0])
                                 k[0] += n
                                 k[1] += ok
+                                k[2] += whole
                         rows.append(
                             {
                                 "store": store,
@@ -332,6 +422,8 @@ async def main_async(args: argparse.Namespace) -> None:
                                 "multi_hop_all": total.multi_all,
                                 "ms_median": statistics.median(total.ms),
                                 "by_kind_any": {k: v[1] / v[0] for k, v in total.by_kind.items()},
+                                "by_kind_all": {k: v[2] / v[0] for k, v in total.by_kind.items()},
+                                "kinds": KINDS,
                             }
                         )
                         print(f"  {store} {pct}% recall={recall} done", file=sys.stderr)
@@ -343,12 +435,17 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{_pct(r['any'], r['asked'])} | {_pct(r['all'], r['asked'])} | "
             f"{_pct(r['multi_hop_all'], r['multi_hop'])} | {r['ms_median']:.2f} |"
         )
-    print("\nany evidence by kind (recall on):")
+    print("\nany / all evidence by kind (recall on):")
     for r in rows:
         if r["recall"]:
-            kinds = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(r["by_kind_any"].items()))
+            kinds = ", ".join(
+                f"{k} {100 * v:.0f}% / {100 * r['by_kind_all'][k]:.0f}%"
+                for k, v in sorted(r["by_kind_any"].items())
+            )
             print(f"  {r['store']} {r['budget_pct']}%: {kinds}")
     name = "conversations-hybrid" if EMBEDDINGS else "conversations"
+    if KINDS != "all":
+        name += "-" + KINDS
     path = write_results(name, {"conversations": len(convs), "rows": rows})
     print(f"\nfigures: {path}", file=sys.stderr)
 
@@ -360,9 +457,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--embeddings", help="hybrid recall through this embedding endpoint")
     parser.add_argument("--budgets", default="10,25")
     parser.add_argument("--text", choices=("sentences", "zipf"), default="sentences")
+    parser.add_argument(
+        "--kinds",
+        choices=("all", "base"),
+        default="all",
+        help="base: only the kinds a shared word can find (the figures before 2026-11-28)",
+    )
     args = parser.parse_args(argv)
-    global EMBEDDINGS, TEXT
-    EMBEDDINGS, TEXT = args.embeddings, args.text
+    global EMBEDDINGS, TEXT, KINDS
+    EMBEDDINGS, TEXT, KINDS = args.embeddings, args.text, args.kinds
     args.budgets = [int(b) for b in args.budgets.split(",")]
     args.stores = [s.strip() for s in args.stores.split(",")]
     asyncio.run(main_async(args))

@@ -207,14 +207,17 @@ async def _recall(q: _Search) -> RecallBlock:
         carried = carried_seqs(view, upto_seq)
         nearest = await _semantic(q, carried)
         if nearest:
+            lexical = set(ranked)
             ranked = fuse([ranked, nearest])[: config.max_matches]
             kept = set(ranked)  # a lexical match fusion dropped is no candidate
-            matched = set(ranked)  # (the neighbours and the hop's stay)
-            messages = [m for m in messages if m.seq in kept or m.seq not in matched]
-            read = {m.seq for m in messages}
-            if len(read) < len(kept):
+            messages = [m for m in messages if m.seq in kept or m.seq not in lexical]
+            # the embedding's own finds, read by key (the lexical search's neighbours and
+            # second hop are among the messages: counting those, a request whose lexical
+            # search found neighbours skipped this read and lost every such find)
+            unread = kept - {m.seq for m in messages}
+            if unread:
                 messages += await store.recall_messages(
-                    session_id, kept - read, upto_seq=upto_seq, branch=branch
+                    session_id, unread, upto_seq=upto_seq, branch=branch
                 )
     if not ranked:
         return RecallBlock(None, (), 0, query)

@@ -289,6 +289,38 @@ async def test_hybrid_recall_finds_by_embedding_where_pgvector_exists(
     assert len(fake_llm.embedded) == calls
 
 
+async def test_hybrid_brings_what_only_the_embedding_found_beside_lexical_matches(
+    pg_ledger: Ledger, fake_llm: FakeLLM
+) -> None:
+    # The question shares a word with a few chatty turns (the lexical search finds them,
+    # and their neighbours), and nothing but stop words with the fact, which only the
+    # embedding finds: fused, the fact ranks among the first, and its message must be read
+    # (a request whose lexical search had found as many messages, neighbours counted, as
+    # the fused list held skipped that read and lost every embedding-only find).
+    recall = {
+        "engine": "hybrid",
+        "embedding_model": "openai/embedder",
+        "embedding_api_base": fake_llm.base_url,
+        "embedding_api_key": "sk-test",
+        "max_matches": 5,
+    }
+    session = await pg_ledger.session("hk", config={"token_counter": "chars", "recall": recall})
+    await session.add_message({"role": "user", "content": HIDDEN})
+    for i in range(8):
+        await chatter(session, 4, start=10 * i)
+        await session.add_message({"role": "user", "content": f"Saw a kestrel again, number {i}."})
+    ask = "So where was it, kestrel?"
+    await session.add_message({"role": "user", "content": ask})
+    sent = await session.get_messages_for_request(token_budget=3000)
+    (block,) = recall_blocks(sent)
+    assert "kestrel" in block  # the lexical matches
+    if await pg_ledger.store.vectors_available():
+        assert "18443" in block  # and the embedding's
+    else:  # PostgreSQL 15 here: no vector extension, the lexical matches alone
+        assert "18443" not in block and fake_llm.embedded == []
+    assert await session.request_at(session.request_seq, token_budget=3000) == sent
+
+
 async def test_hybrid_recall_on_memory_is_lexical(fake_llm: FakeLLM) -> None:
     recall = {"engine": "hybrid", "embedding_model": "openai/e", "embedding_api_base": "x"}
     async with Ledger.open("memory://") as ledger:
