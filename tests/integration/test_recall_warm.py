@@ -271,6 +271,7 @@ async def test_postings_another_process_stores_at_the_same_time_are_stored_after
     # prefix). Another process stores the same session's first (its transaction holds the
     # rows while this one's statement runs and waits on them): this one collides, runs
     # again from after them, and stores what they lack; nothing fails, nothing is lost.
+    assert "ON CONFLICT" not in INDEX_BEHIND
     async with Ledger.open(pg_dsn) as ledger:
         store = pg_store(ledger)
         session = await planted(ledger)

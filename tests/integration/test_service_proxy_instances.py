@@ -9,6 +9,7 @@ import random
 from typing import Any
 
 from contextledger import Ledger
+from contextledger.hooks import MESSAGE_ADDED
 from contextledger.http.settings import Settings
 from tests.fakellm import FakeLLM, ok, tool_call
 from tests.integration.service_support import Running, branch, client, running_service
@@ -21,9 +22,11 @@ async def appended(svc: Running) -> float:
     return float(line.split()[1])
 
 
-async def _ask(svc: Running, history: list[Any], *, stream: bool) -> dict[str, Any]:
+async def _ask(
+    svc: Running, history: list[Any], *, stream: bool, session: str = "both"
+) -> dict[str, Any]:
     """One call, and the reply as the client keeps it in its history."""
-    oai = client(svc, "both")
+    oai = client(svc, session)
     if not stream:
         reply = await oai.chat.completions.create(model="m", messages=history)
         return reply.choices[0].message.model_dump()
@@ -94,3 +97,59 @@ async def test_an_edited_reply_sent_to_an_instance_that_is_behind_rewrites_the_h
         await one.app.state.tenants.settled()
         stored = await branch(one, pg_dsn, "both")
     assert [m["content"] for m in stored] == ["u0", "a0", "u1", "a1, said better", "u2", "a2"]
+
+
+async def test_a_session_that_compacts_as_it_grows_is_not_taken_for_another_writer(
+    pg_dsn: str, fake: FakeLLM
+) -> None:
+    # Appends that cross the compaction threshold write a checkpoint and the compaction
+    # after the message: the handle's head moves past the message's seq by its own hand.
+    # That is no other writer: the request is answered, each message appended once.
+    fake.script("m", [ok("done")])
+    settings = Settings(dsn=pg_dsn, migrate=False, upstream_api_base=fake.base_url)
+    async with running_service(settings) as one:
+        config = {"auto_compact": True, "max_tokens": 200, "keep_recent": 2}
+        created = await one.client.post(
+            "/v1/sessions", json={"session_id": "grows", "model": "m", "config": config}
+        )
+        assert created.status_code == 201
+        history: list[Any] = [{"role": "user", "content": f"note {i}"} for i in range(121)]
+        reply = await _ask(one, history, stream=False, session="grows")
+        await one.app.state.tenants.settled()
+        counted = await appended(one)
+    assert reply["content"] == "done"
+    assert counted == len(history) + 1  # and the reply
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await ledger.session("grows", create=False)
+        kinds = [e.type async for e in session.events()]
+    assert kinds.count("message.appended") == len(history) + 1
+    assert "compaction.applied" in kinds  # (it did compact along the way)
+
+
+async def test_a_message_another_process_writes_between_two_of_a_request_is_seen(
+    pg_dsn: str, fake: FakeLLM
+) -> None:
+    # A request brings two new messages; after the first, another process appends to the
+    # session (made certain by a hook on the first append). The second is pinned to where
+    # the first left the head: refused, the history is compared again and recorded as
+    # the client holds it (a rewrite, as any history that no longer matches the branch),
+    # not appended after the other process's message.
+    fake.script("m", [ok("a0"), ok("a1")])
+    settings = Settings(dsn=pg_dsn, migrate=False, upstream_api_base=fake.base_url)
+    async with running_service(settings) as one, Ledger.open(pg_dsn) as elsewhere:
+        history: list[Any] = [{"role": "user", "content": "u0"}]
+        history.append(await _ask(one, history, stream=False, session="between"))
+        handle = await one.app.state.tenants.session("local", "between")
+        theirs = await elsewhere.session("between", create=False)
+        written: list[int | None] = []
+
+        async def meanwhile(_event: str, _data: Any) -> None:
+            if not written:
+                written.append(await theirs.add_message({"role": "user", "content": "z"}))
+
+        handle.hooks.on(MESSAGE_ADDED, meanwhile)
+        history += [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]
+        history.append(await _ask(one, history, stream=False, session="between"))
+        await one.app.state.tenants.settled()
+        stored = await branch(one, pg_dsn, "between")
+    assert written and [m["content"] for m in stored] == ["u0", "a0", "x", "y", "a1"]

@@ -155,12 +155,15 @@ class _Prefix:
 _prefixes: weakref.WeakKeyDictionary[Session, _Prefix] = weakref.WeakKeyDictionary()
 
 
-async def _common_prefix(session: Session, sent: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-    """``(k, branch length)``: how many of ``sent`` the branch already holds. No read when
-    this process wrote the branch's last messages itself: one comparison with what was
-    sent."""
+async def _common_prefix(
+    session: Session, sent: Sequence[Mapping[str, Any]]
+) -> tuple[int, int, int]:
+    """``(k, branch length, head)``: how many of ``sent`` the branch already holds, as of
+    the session's ``head`` this process knew. No read when this process wrote the
+    branch's last messages itself: one comparison with what was sent."""
     known = _prefixes.get(session)
-    if known is not None and known.head == session.head:
+    head = session.head
+    if known is not None and known.head == head:
         count, exact = len(known.items), known.exact
         if (
             count <= len(sent)
@@ -169,15 +172,14 @@ async def _common_prefix(session: Session, sent: Sequence[Mapping[str, Any]]) ->
         ):
             known.items[exact:] = sent[exact:count]
             known.exact = count
-            return count, count
-    head = session.head
+            return count, count, head
     branch = await session.get_messages()
     k = common_prefix(branch, sent)
     if k == len(branch):  # remembered as the client sends it, so its next resend matches
         _prefixes[session] = _Prefix(head, list(sent[:k]), k)
     else:
         _prefixes.pop(session, None)
-    return k, len(branch)
+    return k, len(branch), head
 
 
 def _extend(
@@ -262,18 +264,24 @@ def _moved(session: Session, head: int) -> str:
 
 
 async def _record(
-    session: Session, sent: Sequence[Mapping[str, Any]], k: int, stored: int, metrics: Any
+    session: Session,
+    sent: Sequence[Mapping[str, Any]],
+    k: int,
+    stored: int,
+    head: int,
+    metrics: Any,
 ) -> int | None:
     """Record what ``sent`` holds beyond the ``k`` messages the branch shares with it
-    (``stored`` long): appended, or the branch rewritten to it. The seq of the branch's
-    last message, if written here. ``_Behind`` when the branch is not what the comparison
-    saw: another process (a second instance behind the same balancer) wrote meanwhile.
-    The first write is pinned to the head the comparison read, and an append the ledger
-    already holds under its key is one the other process recorded: either way the
+    (``stored`` long, as of ``head``): appended, or the branch rewritten to it. The seq of
+    the branch's last message, if written here. ``_Behind`` when the branch is not what
+    the comparison saw: another process (a second instance behind the same balancer) or
+    another request here wrote meanwhile. Each write is pinned to the head it follows (the
+    first to ``head``, the next to where the one before left it, its own compaction
+    included), and an append the ledger already holds under its key is one another
+    process recorded (a duplicate leaves this handle's head where it was): either way the
     history is compared again, never appended after what was not looked at (an edited
     reply went after the original; each message the other process had written was one
     more round trip to find it held)."""
-    head = session.head
     if k < stored:  # the client rewrote its history: record what it now holds
         try:
             written = await session.set_messages([essence(m) for m in sent], expected_seq=head)
@@ -283,20 +291,20 @@ async def _record(
         return written
     _check(sent[k:], session.config.max_message_bytes)
     last: int | None = None
+    pin = head
     for i, m in enumerate(sent[k:], start=k):
         before = session.head
         try:
             last = await session.add_message(
-                essence(m),
-                idempotency_key=position_key(i, m),
-                expected_seq=head if i == k else None,
+                essence(m), idempotency_key=position_key(i, m), expected_seq=pin
             )
         except ConcurrencyError:
-            raise _Behind(_moved(session, head)) from None
-        if last != session.head:  # held already (a duplicate leaves the head where it was)
-            raise _Behind(_moved(session, head))
+            raise _Behind(_moved(session, pin)) from None
+        if session.head == before:  # held already: not written by this call
+            raise _Behind(_moved(session, pin))
         _extend(session, before, last, m, as_sent=True)
         metrics.appends.inc()
+        pin = session.head
     return last
 
 
@@ -556,13 +564,13 @@ async def chat_completions(request: Request) -> Response:
     session = await _session(tenants, tenant, session_id, model, sent)
     budget = settings.proxy_token_budget
     for reread in range(MAX_REREADS + 1):
-        k, stored = await _common_prefix(session, sent)
+        k, stored, head = await _common_prefix(session, sent)
         retry = k == len(sent) and k < stored
         if retry:  # a resend of an earlier request: its reply is recorded already
             outgoing = await _view_as_sent(session, k, budget, model)
             break
         try:
-            last = await _record(session, sent, k, stored, metrics)
+            last = await _record(session, sent, k, stored, head, metrics)
         except _Behind:  # another process wrote the session: compare with what it holds
             if reread == MAX_REREADS:
                 raise
@@ -763,7 +771,7 @@ class _Recorder:
                 reply, idempotency_key=position_key(self.position, reply)
             )
             _extend(self.session, before, seq, reply, as_sent=False)
-            if seq == self.session.head:  # (not a resend another process recorded first)
+            if self.session.head != before:  # (not a resend another process recorded first)
                 self.metrics.appends.inc()
 
         self.tenants.defer(self.tenant, self.session_id, write)
