@@ -41,6 +41,7 @@ from contextledger.core.recall import (
     recall_budget,
     room_start,
     search_text,
+    with_hops,
     with_neighbours,
 )
 from contextledger.core.recall import place as place_recall
@@ -235,9 +236,8 @@ async def _recall(q: _Search) -> RecallBlock:
     # the hop was found through), before the weak ones; the rest after everything else
     if hops:
         best = max(score for _, score in matches)
-        strong = sum(1 for _, score in matches if score >= STRONG * best)
-        at = order.index(ranked[strong - 1]) + 1
-        order = [*order[:at], *hops[:HOP_FIRST], *order[at:], *hops[HOP_FIRST:]]
+        strong = {seq for seq, score in matches if score >= STRONG * best}
+        order = with_hops(order, hops, strong, first=HOP_FIRST)
     return pick(order, messages, budget_tokens=q.budget_tokens, counter=q.counter, query=query)
 
 

@@ -153,3 +153,33 @@ async def test_a_message_another_process_writes_between_two_of_a_request_is_seen
         await one.app.state.tenants.settled()
         stored = await branch(one, pg_dsn, "between")
     assert written and [m["content"] for m in stored] == ["u0", "a0", "x", "y", "a1"]
+
+
+async def test_a_history_sent_again_after_a_rollback_is_recorded_on_the_new_branch(
+    pg_dsn: str, fake: FakeLLM
+) -> None:
+    # The session is rolled back past u1 and a1; the client, which never saw that, sends
+    # its history again and the model answers as before. u1 and a1 come back at the same
+    # places with the same content: their position keys are held on the branch left
+    # behind, which must not pass for "already recorded" (nothing would be written, and
+    # each request would compare again until a 409).
+    fake.script("m", [ok("a0"), ok("a1"), ok("a1"), ok("a2")])
+    settings = Settings(dsn=pg_dsn, migrate=False, upstream_api_base=fake.base_url)
+    async with running_service(settings) as one:
+        history: list[Any] = [{"role": "user", "content": "u0"}]
+        history.append(await _ask(one, history, stream=False, session="back"))
+        before_u1 = len(history)
+        history += [{"role": "user", "content": "u1"}]
+        history.append(await _ask(one, history, stream=False, session="back"))
+        await one.app.state.tenants.settled()
+        # seq 1 created the session, 2 and 3 are u0 and a0
+        rolled = await one.client.post("/v1/sessions/back/rollback", json={"to": 3})
+        assert rolled.status_code == 200, rolled.text
+        assert [m["content"] for m in await branch(one, pg_dsn, "back")] == ["u0", "a0"]
+        again = await _ask(one, history[: before_u1 + 1], stream=False, session="back")
+        assert again["content"] == "a1"
+        history += [{"role": "user", "content": "u2"}]
+        history.append(await _ask(one, history, stream=False, session="back"))
+        await one.app.state.tenants.settled()
+        stored = await branch(one, pg_dsn, "back")
+    assert [m["content"] for m in stored] == ["u0", "a0", "u1", "a1", "u2", "a2"]

@@ -327,6 +327,17 @@ def fuse(rankings: Sequence[Sequence[int]], *, k: int = RRF_K) -> list[int]:
     return sorted(scores, key=lambda seq: (-scores[seq], -seq))
 
 
+def with_hops(
+    order: Sequence[int], hops: Sequence[int], strong: Collection[int], *, first: int
+) -> list[int]:
+    """``order`` with a second hop's finds (best first): its ``first`` best right after the
+    last of the ``strong`` matches (what the hop was found through), the rest at the end.
+    The strong are lexical matches; after a fusion with an embedding's ranking, those of
+    them it kept, wherever the embedding's finds put them (none kept: all at the end)."""
+    at = max((n + 1 for n, seq in enumerate(order) if seq in strong), default=len(order))
+    return [*order[:at], *hops[:first], *order[at:], *hops[first:]]
+
+
 def with_neighbours(ranked: Sequence[int], found: Collection[int]) -> list[int]:
     """``ranked`` with the neighbours (seq - 1, seq + 1) of each match that were ``found``,
     each pair right after the next match: the best match, the second, the best's

@@ -295,17 +295,33 @@ async def _record(
     for i, m in enumerate(sent[k:], start=k):
         before = session.head
         try:
-            last = await session.add_message(
-                essence(m), idempotency_key=position_key(i, m), expected_seq=pin
-            )
+            last = await _append_at(session, essence(m), i, pin)
         except ConcurrencyError:
             raise _Behind(_moved(session, pin)) from None
-        if session.head == before:  # held already: not written by this call
+        if session.head == before:  # held already: another process wrote it since
             raise _Behind(_moved(session, pin))
         _extend(session, before, last, m, as_sent=True)
         metrics.appends.inc()
         pin = session.head
     return last
+
+
+async def _append_at(
+    session: Session, message: Mapping[str, Any], position: int, pin: int | None
+) -> int | None:
+    """``message`` appended as the ``position``-th of the conversation under its position
+    key (pinned to ``pin``, or unpinned). A key is a position and a content, so a branch
+    rolled back or rewritten and then sent again brings the same message to the same
+    place: the ledger holds the key on the branch left behind, at or below the head this
+    write follows (what is on the branch now was compared, or is this process's own
+    record), and the message is written again under a key of that head."""
+    before = session.head
+    key = position_key(position, message)
+    seq = await session.add_message(message, idempotency_key=key, expected_seq=pin)
+    if session.head == before and seq is not None and seq <= before:
+        key = f"{key}:after:{before}"
+        seq = await session.add_message(message, idempotency_key=key, expected_seq=pin)
+    return seq
 
 
 def _check(messages: Sequence[Mapping[str, Any]], cap: int | None) -> None:
@@ -767,9 +783,7 @@ class _Recorder:
 
         async def write() -> None:
             before = self.session.head
-            seq = await self.session.add_message(
-                reply, idempotency_key=position_key(self.position, reply)
-            )
+            seq = await _append_at(self.session, reply, self.position, None)
             _extend(self.session, before, seq, reply, as_sent=False)
             if self.session.head != before:  # (not a resend another process recorded first)
                 self.metrics.appends.inc()

@@ -32,6 +32,7 @@ from contextledger.core.recall import (
     query_text,
     room_start,
     units_of,
+    with_hops,
     with_neighbours,
 )
 from contextledger.core.units import result_ids, tool_calls
@@ -484,3 +485,22 @@ def test_a_lexical_best_the_embeddings_missed_is_not_buried_by_their_agreement()
     fused = fuse([[99, *shared], shared])
     assert fused.index(99) <= 7
     assert fused[0] == 1  # agreement still counts: first on both lists is first
+
+
+def test_a_second_hop_goes_after_the_strong_matches_wherever_a_fusion_put_them() -> None:
+    # lexical order: strong 10, 20; weak 30; the hop found 7, 8, 9 (two go first)
+    assert with_hops([10, 20, 30], [7, 8, 9], {10, 20}, first=2) == [10, 20, 7, 8, 30, 9]
+    # fused with an embedding's finds (5, 6): still right after the last strong one kept
+    assert with_hops([5, 10, 6, 30, 20], [7, 8, 9], {10, 20}, first=2) == [
+        5,
+        10,
+        6,
+        30,
+        20,
+        7,
+        8,
+        9,
+    ]
+    assert with_hops([10, 5, 6, 30], [7, 8], {10, 20}, first=2) == [10, 7, 8, 5, 6, 30]
+    # the fusion kept none of the strong: the hop's finds go last
+    assert with_hops([5, 6], [7], {10}, first=2) == [5, 6, 7]
