@@ -292,6 +292,9 @@ class FakeLLM:
         self.requests: list[RecordedRequest] = []
         #: every text sent to ``/v1/embeddings``, in order
         self.embedded: list[str] = []
+        #: called with the texts (on the server's thread) before an embedding is answered:
+        #: what a test needs to happen while a request waits for its embedder
+        self.on_embed: Callable[[list[str]], None] | None = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._server.block_on_close = False
@@ -379,6 +382,8 @@ class FakeLLM:
         with self._lock:
             self.requests.append(req)
             self.embedded.extend(str(t) for t in texts)
+        if self.on_embed is not None:
+            self.on_embed([str(t) for t in texts])
         data = [
             {"object": "embedding", "index": i, "embedding": hashed_embedding(str(t))}
             for i, t in enumerate(texts)

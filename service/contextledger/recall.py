@@ -50,7 +50,7 @@ from contextledger.core.units import is_tool_message
 from contextledger.core.view import ViewItem
 from contextledger.hooks import HookBus
 from contextledger.protocols import LedgerHandle
-from contextledger.store.base import Store
+from contextledger.store.base import BranchMoved, Store
 
 log = structlog.get_logger(__name__)
 #: Neighbours fetched around a match so its tool unit (call + results) comes whole.
@@ -220,6 +220,15 @@ async def _recall(q: _Search) -> RecallBlock:
                 messages += await store.recall_messages(
                     session_id, unread, upto_seq=upto_seq, branch=branch
                 )
+        if (
+            branch is None
+            and await store.vectors_available()  # (cached: else nothing was read here)
+            and await store.branch_base(session_id) > upto_seq
+        ):
+            # the embedder's call and the reads of its finds came after the lexical
+            # search's own check: a rollback or clear that landed meanwhile gave them
+            # another branch than the request's (``request_path.build`` builds it again)
+            raise BranchMoved(session_id)
     if not ranked:
         return RecallBlock(None, (), 0, query)
     window: set[int] = set()  # a tool call or result comes with the rest of its unit

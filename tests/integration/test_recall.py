@@ -321,6 +321,45 @@ async def test_hybrid_brings_what_only_the_embedding_found_beside_lexical_matche
     assert await session.request_at(session.request_seq, token_budget=3000) == sent
 
 
+async def test_a_rollback_while_the_embedder_answers_rebuilds_the_request(
+    pg_ledger: Ledger, pg_dsn: str, fake_llm: FakeLLM
+) -> None:
+    # The fact only the embedding finds is on a branch the session rolled away from. While
+    # a request waits for its embedder, another process rolls the session back onto that
+    # branch: the embedding's finds would then be read from a branch the request was not
+    # planned on (the fact recalled into a request whose replay has no such branch). The
+    # request is built again on the session as it is now, and replays as it was sent.
+    recall = {
+        "engine": "hybrid",
+        "embedding_model": "openai/embedder",
+        "embedding_api_base": fake_llm.base_url,
+        "embedding_api_key": "sk-test",
+    }
+    session = await pg_ledger.session("rb", config={"token_counter": "chars", "recall": recall})
+    fact = await session.add_message({"role": "user", "content": HIDDEN})
+    await session.rollback(fact - 1)  # the fact is left behind
+    await chatter(session, 40)
+    await session.add_message({"role": "user", "content": ASK})
+    rolled: list[int] = []
+
+    def meanwhile(_texts: list[str]) -> None:
+        async def rollback() -> None:
+            async with Ledger.open(pg_dsn) as other:
+                rolled.append(await (await other.session("rb")).rollback(fact))
+
+        if not rolled:
+            asyncio.run(rollback())  # (the embedder's thread: its own loop)
+
+    fake_llm.on_embed = meanwhile
+    sent = await session.get_messages_for_request(token_budget=3000)
+    fake_llm.on_embed = None
+    assert await session.request_at(session.request_seq, token_budget=3000) == sent
+    if await pg_ledger.store.vectors_available():
+        assert rolled and session.request_seq >= rolled[0]  # built again, on it
+    else:  # PostgreSQL 15 here: nothing embedded, nothing rolled back meanwhile
+        assert not rolled and not fake_llm.embedded
+
+
 async def test_hybrid_recall_on_memory_is_lexical(fake_llm: FakeLLM) -> None:
     recall = {"engine": "hybrid", "embedding_model": "openai/e", "embedding_api_base": "x"}
     async with Ledger.open("memory://") as ledger:

@@ -120,6 +120,20 @@ async def test_checkpoint_rollback_by_label_checkpoint_and_seq(ledger: Ledger) -
     assert [c.label for c in await session.checkpoints()] == ["before-b"]
 
 
+async def test_the_branch_base_is_the_last_rollback_or_clear(ledger: Ledger) -> None:
+    session = await ledger.session("base")
+    store = ledger.store
+    await session.add_message({"role": "user", "content": "a"})
+    assert await store.branch_base("base") == 0  # never rolled back
+    await session.add_message({"role": "user", "content": "b"})
+    rolled = await session.rollback(2)
+    assert await store.branch_base("base") == rolled
+    await session.add_message({"role": "user", "content": "c"})
+    assert await store.branch_base("base") == rolled  # an append keeps the branch
+    await session.set_messages([{"role": "user", "content": "d"}])
+    assert await store.branch_base("base") == session.head
+
+
 async def test_nested_rollbacks_replay_to_the_inline_view(ledger: Ledger) -> None:
     session = await ledger.session("nested")
     for text in "abc":

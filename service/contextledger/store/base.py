@@ -433,6 +433,13 @@ class Store(abc.ABC):
         return []
 
     @abc.abstractmethod
+    async def branch_base(self, session_id: str) -> int:
+        """The seq of the session's last rollback or clear (0: none). Reads of the live
+        branch after a search's own check (the embedder's finds, read seconds later)
+        compare it with the request's seq: past it, the branch they read was not the
+        request's (``BranchMoved``)."""
+
+    @abc.abstractmethod
     async def rebuild(self, session_id: str, *, repair: bool = True) -> RebuildReport:
         """Fold the events again; report differences from the stored projection and
         (with ``repair``) replace it with the fold's result."""

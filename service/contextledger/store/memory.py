@@ -536,6 +536,9 @@ class MemoryStore(Store):
             hop=q.hop,
         )
 
+    async def branch_base(self, session_id: str) -> int:
+        return self._get(session_id).branch_base
+
     async def recall_messages(
         self,
         session_id: str,

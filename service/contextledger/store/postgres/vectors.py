@@ -108,6 +108,15 @@ class Vectors(Lineages):
         )
 
     @translated
+    async def branch_base(self, session_id: str) -> int:
+        base = await self._pool.fetchval(
+            f"SELECT branch_base FROM {S}.sessions"
+            f" WHERE session_id = $1 AND tenant_id = {S}.current_tenant()",
+            session_id,
+        )
+        return int(base or 0)
+
+    @translated
     async def vector_search(
         self,
         session_id: str,
