@@ -25,6 +25,7 @@ from contextledger.store.dsn import asyncpg_dsn
 from contextledger.store.lexical import neighbours
 from contextledger.store.migrate import upgrade
 from contextledger.store.postgres import MAX_GATE_GAPS, RECHECK_AFTER, PostgresStore
+from tests.examples import examples
 from tests.fakellm import FakeLLM, running_fake_llm
 from tests.integration.conftest import PG_HOST, PG_PORT
 
@@ -1047,6 +1048,58 @@ async def test_request_at_reproduces_every_recall_block_widened_or_not(
             await session.add_message({"role": "assistant", "content": "On it."})
     for seq, request in sent:
         assert await session.request_at(seq, token_budget=budget) == request
+
+
+@settings(
+    max_examples=examples(30),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["fact", "chatter", "question", "statement", "rollback"]),
+            st.integers(0, 30),
+        ),
+        min_size=3,
+        max_size=14,
+    ),
+    st.integers(400, 3000),
+)
+async def test_request_at_reproduces_every_hybrid_block_across_rollbacks(
+    pg_ledger: Ledger, fake_llm: FakeLLM, steps: list[tuple[str, int]], budget: int
+) -> None:
+    # The embedding's finds, fused with the lexical ones, read by key, on branches that
+    # rollbacks replace: every request replays as it was sent (a replay never embeds).
+    recall = {
+        "engine": "hybrid",
+        "embedding_model": "openai/embedder",
+        "embedding_api_base": fake_llm.base_url,
+        "embedding_api_key": "sk-test",
+    }
+    config = {"token_counter": "chars", "recall": recall}
+    session = await pg_ledger.session(f"h{uuid.uuid4().hex[:8]}", config=config)
+    await session.add_message({"role": "system", "content": "You are a careful agent."})
+    sent: list[tuple[int, list[dict[str, Any]]]] = []
+    for kind, n in steps:
+        if kind == "fact":
+            await session.add_message(
+                {"role": "user", "content": f"Where it was, service{n} was at {9000 + n}."}
+            )
+        elif kind == "chatter":
+            await chatter(session, 1 + n % 4, start=n)
+        elif kind == "rollback":
+            await session.rollback(max(2, session.head - 1 - n))
+        else:
+            text = f"So where was it, service{n}?" if kind == "question" else f"Restart {n}."
+            await session.add_message({"role": "user", "content": text})
+            request = await session.get_messages_for_request(token_budget=budget)
+            sent.append((session.request_seq, request))
+            await session.add_message({"role": "assistant", "content": "On it."})
+    embedded = len(fake_llm.embedded)
+    for seq, request in sent:
+        assert await session.request_at(seq, token_budget=budget) == request
+    assert len(fake_llm.embedded) == embedded
 
 
 # -- the search as a function (migration 0018: what the store calls on Citus) ----------
