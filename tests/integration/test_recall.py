@@ -248,6 +248,16 @@ def _fake_llm() -> Iterator[FakeLLM]:
         yield fake
 
 
+def hybrid(fake: FakeLLM) -> dict[str, Any]:
+    """Recall's settings for the hybrid engine with ``fake`` as the embedder."""
+    return {
+        "engine": "hybrid",
+        "embedding_model": "openai/embedder",
+        "embedding_api_base": fake.base_url,
+        "embedding_api_key": "sk-test",
+    }
+
+
 HIDDEN = "Where it was, it was at 18443."  # only stop words in English, bar the value
 ASK = "So where was it?"
 
@@ -255,12 +265,7 @@ ASK = "So where was it?"
 async def test_hybrid_recall_finds_by_embedding_where_pgvector_exists(
     pg_ledger: Ledger, fake_llm: FakeLLM
 ) -> None:
-    recall = {
-        "engine": "hybrid",
-        "embedding_model": "openai/embedder",
-        "embedding_api_base": fake_llm.base_url,
-        "embedding_api_key": "sk-test",
-    }
+    recall = hybrid(fake_llm)
     # summaries are recorded, so the request is the replayed view: request_at is exact
     cfg = {"compaction_strategy": "summarize", "auto_compact": True, "recall": recall}
     session = await pg_ledger.session("h", config={"token_counter": "chars", **cfg})
@@ -298,13 +303,7 @@ async def test_hybrid_brings_what_only_the_embedding_found_beside_lexical_matche
     # embedding finds: fused, the fact ranks among the first, and its message must be read
     # (a request whose lexical search had found as many messages, neighbours counted, as
     # the fused list held skipped that read and lost every embedding-only find).
-    recall = {
-        "engine": "hybrid",
-        "embedding_model": "openai/embedder",
-        "embedding_api_base": fake_llm.base_url,
-        "embedding_api_key": "sk-test",
-        "max_matches": 5,
-    }
+    recall = {**hybrid(fake_llm), "max_matches": 5}
     session = await pg_ledger.session("hk", config={"token_counter": "chars", "recall": recall})
     await session.add_message({"role": "user", "content": HIDDEN})
     for i in range(8):
@@ -330,12 +329,7 @@ async def test_a_rollback_while_the_embedder_answers_rebuilds_the_request(
     # branch: the embedding's finds would then be read from a branch the request was not
     # planned on (the fact recalled into a request whose replay has no such branch). The
     # request is built again on the session as it is now, and replays as it was sent.
-    recall = {
-        "engine": "hybrid",
-        "embedding_model": "openai/embedder",
-        "embedding_api_base": fake_llm.base_url,
-        "embedding_api_key": "sk-test",
-    }
+    recall = hybrid(fake_llm)
     session = await pg_ledger.session("rb", config={"token_counter": "chars", "recall": recall})
     fact = await session.add_message({"role": "user", "content": HIDDEN})
     await session.rollback(fact - 1)  # the fact is left behind
@@ -1014,6 +1008,30 @@ async def test_a_question_lets_recall_take_more_room_and_gives_back_what_it_leav
     assert await session.request_at(session.request_seq, token_budget=budget) == plain
 
 
+async def walked(
+    session: Session, steps: list[tuple[str, int]], budget: int, fact: str, question: str
+) -> list[tuple[int, list[dict[str, Any]]]]:
+    """``steps`` on ``session`` (facts, chatter, questions, statements, rollbacks); each
+    turn's request, with the seq ``request_at`` rebuilds it at."""
+    await session.add_message({"role": "system", "content": "You are a careful agent."})
+    sent: list[tuple[int, list[dict[str, Any]]]] = []
+    for kind, n in steps:
+        if kind == "fact":
+            text = fact.format(n=n, port=9000 + n)
+            await session.add_message({"role": "user", "content": text})
+        elif kind == "chatter":
+            await chatter(session, 1 + n % 4, start=n)
+        elif kind == "rollback":
+            await session.rollback(max(2, session.head - 1 - n))
+        else:
+            text = question.format(n=n) if kind == "question" else f"Restart {n}."
+            await session.add_message({"role": "user", "content": text})
+            request = await session.get_messages_for_request(token_budget=budget)
+            sent.append((session.request_seq, request))
+            await session.add_message({"role": "assistant", "content": "On it."})
+    return sent
+
+
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -1031,21 +1049,9 @@ async def test_request_at_reproduces_every_recall_block_widened_or_not(
     ledger: Ledger, steps: list[tuple[str, int]], budget: int
 ) -> None:
     session = await ledger.session(f"p{uuid.uuid4().hex[:8]}", config={"token_counter": "chars"})
-    await session.add_message({"role": "system", "content": "You are a careful agent."})
-    sent: list[tuple[int, list[dict[str, Any]]]] = []
-    for kind, n in steps:
-        if kind == "fact":
-            await session.add_message(
-                {"role": "user", "content": f"service{n} binds to {9000 + n}."}
-            )
-        elif kind == "chatter":
-            await chatter(session, 1 + n % 4, start=n)
-        else:
-            text = f"Which port does service{n} use?" if kind == "question" else f"Restart {n}."
-            await session.add_message({"role": "user", "content": text})
-            request = await session.get_messages_for_request(token_budget=budget)
-            sent.append((session.request_seq, request))
-            await session.add_message({"role": "assistant", "content": "On it."})
+    sent = await walked(
+        session, steps, budget, "service{n} binds to {port}.", "Which port does service{n} use?"
+    )
     for seq, request in sent:
         assert await session.request_at(seq, token_budget=budget) == request
 
@@ -1071,31 +1077,10 @@ async def test_request_at_reproduces_every_hybrid_block_across_rollbacks(
 ) -> None:
     # The embedding's finds, fused with the lexical ones, read by key, on branches that
     # rollbacks replace: every request replays as it was sent (a replay never embeds).
-    recall = {
-        "engine": "hybrid",
-        "embedding_model": "openai/embedder",
-        "embedding_api_base": fake_llm.base_url,
-        "embedding_api_key": "sk-test",
-    }
-    config = {"token_counter": "chars", "recall": recall}
+    config = {"token_counter": "chars", "recall": hybrid(fake_llm)}
     session = await pg_ledger.session(f"h{uuid.uuid4().hex[:8]}", config=config)
-    await session.add_message({"role": "system", "content": "You are a careful agent."})
-    sent: list[tuple[int, list[dict[str, Any]]]] = []
-    for kind, n in steps:
-        if kind == "fact":
-            await session.add_message(
-                {"role": "user", "content": f"Where it was, service{n} was at {9000 + n}."}
-            )
-        elif kind == "chatter":
-            await chatter(session, 1 + n % 4, start=n)
-        elif kind == "rollback":
-            await session.rollback(max(2, session.head - 1 - n))
-        else:
-            text = f"So where was it, service{n}?" if kind == "question" else f"Restart {n}."
-            await session.add_message({"role": "user", "content": text})
-            request = await session.get_messages_for_request(token_budget=budget)
-            sent.append((session.request_seq, request))
-            await session.add_message({"role": "assistant", "content": "On it."})
+    fact, question = "Where it was, service{n} was at {port}.", "So where was it, service{n}?"
+    sent = await walked(session, steps, budget, fact, question)
     embedded = len(fake_llm.embedded)
     for seq, request in sent:
         assert await session.request_at(seq, token_budget=budget) == request
