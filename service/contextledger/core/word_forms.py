@@ -70,9 +70,10 @@ _SPACED = str.maketrans(dict.fromkeys(string.punctuation, " "))
 _PIECE = re.compile(r"[A-Za-z]+|[0-9]+|[^\sA-Za-z0-9'\u2019]")
 #: What both parsers drop at a word's ends (a sign, a slash or a tilde they keep).
 _EDGES = ".,;:!?\"'()[]{}<>*\u00ab\u00bb\u201c\u201d\u2018\u2019\u2026"
-#: The lexemes a search looks up at most (``store.lexical.MAX_QUERY_LEXEMES``: the
-#: longest are kept): forms are added only while the query's own words all stay in.
-_ROOM = 12
+#: The lexemes a recall search looks up at most, the query's longest (``store.lexical``
+#: reads this one, and says why 12): forms are added only while the query's own words all
+#: stay in.
+MAX_QUERY_LEXEMES = 12
 #: Longer texts are searched as they are: a question is short, a long query (a pasted
 #: document, a tool loop's calls) has words enough of its own, and reading one of
 #: 4,000 characters for its words took ~0.25 ms a request.
@@ -92,7 +93,7 @@ def most_lexemes(text: str) -> int:
 def with_forms(text: str) -> str:
     """``text`` and, after it in parentheses, the other forms of the irregular words it
     uses, when it is at most ``_LONGEST`` characters and its lexemes (``most_lexemes``)
-    and those forms together are at most ``_ROOM`` (the search keeps a query's longest
+    and those forms together are at most ``MAX_QUERY_LEXEMES`` (the search keeps a query's longest
     lexemes: forms must not push out a short name). The same text gives the same result."""
     if len(text) > _LONGEST:
         return text
@@ -107,9 +108,9 @@ def with_forms(text: str) -> str:
                 added.append(form)
     # refused first by its words (each holds a lexeme counted, or is one no parser makes:
     # refusing too often is safe), without counting (~20 µs a text)
-    if not added or len(distinct - DROPPED) + len(added) > _ROOM:
+    if not added or len(distinct - DROPPED) + len(added) > MAX_QUERY_LEXEMES:
         return text
-    if most_lexemes(text) + len(added) > _ROOM:
+    if most_lexemes(text) + len(added) > MAX_QUERY_LEXEMES:
         return text
     return f"{text} ({' '.join(added)})"
 

@@ -18,6 +18,7 @@ from itertools import islice
 from typing import Any
 
 from contextledger.core.config import ts_config_name
+from contextledger.core.word_forms import MAX_QUERY_LEXEMES as MAX_QUERY_LEXEMES
 
 K1 = 0.5
 B = 0.9
@@ -31,8 +32,8 @@ B = 0.9
 #: evidence). A lexeme with fewer postings was read whole (its frequency is exact); one
 #: with ``PER_TERM`` has its frequency estimated from how far back they reach, so a word in
 #: every other message weighs what BM25 would give it without being read whole.
+#: (``MAX_QUERY_LEXEMES`` is defined in ``core.word_forms``, whose forms must fit it.)
 PER_TERM = 32
-MAX_QUERY_LEXEMES = 12
 #: The newest postings alone lose an old fact about a thing named often since: the
 #: ``DEEP_TERMS`` rarest lexemes (by their estimated frequency) whose newest ``PER_TERM``
 #: did not hold them all are read further, up to ``DEEP_LIMIT`` postings (the needle bench,

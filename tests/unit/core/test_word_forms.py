@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contextledger.core.word_forms import _ROOM, DROPPED, FORMS, with_forms, without_forms
-from contextledger.store.lexical import MAX_QUERY_LEXEMES
+from contextledger.core.word_forms import DROPPED, FORMS, with_forms, without_forms
 
 
 def added(text: str) -> list[str]:
@@ -85,10 +84,6 @@ def test_a_text_longer_than_a_question_is_searched_as_it_is() -> None:
     question = "Where did you go? " + "a " * 200
     assert len(question) > 400 and with_forms(question) == question
     assert added(question[:400]) == ["went", "gone"]
-
-
-def test_the_room_is_the_searches_lexeme_cap() -> None:
-    assert _ROOM == MAX_QUERY_LEXEMES
 
 
 def test_the_dropped_words_are_dropped_by_both_tokenizers() -> None:
