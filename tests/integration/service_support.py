@@ -143,6 +143,15 @@ async def reply_text(response: Any) -> str:
     return str(response.choices[0].message.content or "")
 
 
+def metric(text: str, sample: str) -> float | None:
+    """The value of the ``/metrics`` sample (name and labels: ``sample``) in ``text``; None
+    when there is no such line."""
+    for line in text.splitlines():
+        if line.rpartition(" ")[0] == sample:
+            return float(line.rpartition(" ")[2])
+    return None
+
+
 async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
     """Poll ``check`` until it holds (a synchronization point, not a timing assertion)."""
     for _ in range(1000):

@@ -24,6 +24,7 @@ from contextledger.store.postgres.search import FORWARD, INDEX_BATCH, INDEX_BEHI
 from contextledger.store.postgres.warm import WarmIndexes, ranked
 from contextledger.store.postings import Missing
 from tests.examples import examples
+from tests.integration.service_support import until
 from tests.integration.test_recall import (
     FACT,
     QUESTION,
@@ -289,12 +290,11 @@ async def test_postings_another_process_stores_at_the_same_time_are_stored_after
                 await chatter(session, 2, start=60)  # past what it stores
                 with capture_logs() as logs:
                     mine = asyncio.ensure_future(store.wait_indexed())
-                    for _ in range(400):  # until this store's statement waits on those rows
-                        if await other.fetchval(WAITING_ON_A_ROW):
-                            break
-                        await asyncio.sleep(0.025)
-                    else:
-                        raise AssertionError("the store's statement never waited")
+
+                    async def waiting() -> bool:
+                        return bool(await other.fetchval(WAITING_ON_A_ROW))
+
+                    await until(waiting, "the store's statement waits on those rows")
                     assert not mine.done()
             await asyncio.wait_for(mine, 30)  # the other transaction committed
         finally:

@@ -16,7 +16,7 @@ import structlog
 from contextledger import Ledger
 from contextledger.http import rest
 from contextledger.http.settings import Settings
-from tests.integration.service_support import Running, appends_held, running_service
+from tests.integration.service_support import Running, appends_held, metric, running_service
 
 PROBLEM = "application/problem+json"
 
@@ -209,10 +209,9 @@ async def test_events_page_and_live_tail(svc: Running) -> None:
 
 
 def stream_polls(metrics_text: str) -> float:
-    line = next(
-        x for x in metrics_text.splitlines() if x.startswith("contextledger_stream_polls_total")
-    )
-    return float(line.split()[-1])
+    polls = metric(metrics_text, "contextledger_stream_polls_total")
+    assert polls is not None
+    return polls
 
 
 async def test_event_streams_of_one_session_share_one_poll(svc: Running) -> None:

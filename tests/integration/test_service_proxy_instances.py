@@ -12,14 +12,14 @@ from contextledger import Ledger
 from contextledger.hooks import MESSAGE_ADDED
 from contextledger.http.settings import Settings
 from tests.fakellm import FakeLLM, ok, tool_call
-from tests.integration.service_support import Running, branch, client, running_service
+from tests.integration.service_support import Running, branch, client, metric, running_service
 
 
 async def appended(svc: Running) -> float:
     """The messages ``svc`` counted as appended (its ``/metrics``)."""
-    text = (await svc.client.get("/metrics")).text
-    (line,) = [x for x in text.splitlines() if x.startswith("contextledger_appends_total ")]
-    return float(line.split()[1])
+    count = metric((await svc.client.get("/metrics")).text, "contextledger_appends_total")
+    assert count is not None
+    return count
 
 
 async def _ask(

@@ -35,6 +35,7 @@ from tests.integration.service_support import (
     Running,
     branch,
     client,
+    metric,
     proxy_service,
     reply_text,
     running_service,
@@ -52,10 +53,7 @@ def relayed(fake: FakeLLM) -> list[bool]:
 
 
 def prompt_tokens(metrics: str) -> float:
-    for line in metrics.splitlines():
-        if line.startswith('contextledger_proxy_tokens_total{kind="prompt"}'):
-            return float(line.split()[-1])
-    return 0.0
+    return metric(metrics, 'contextledger_proxy_tokens_total{kind="prompt"}') or 0.0
 
 
 async def test_the_relay_passes_the_upstreams_json_and_the_clients_fields(
