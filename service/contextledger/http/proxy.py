@@ -55,6 +55,8 @@ from contextledger.http.tenancy import Tenants
 if TYPE_CHECKING:
     from aiohttp import ClientResponse
 
+    from contextledger.http.metrics import Metrics
+
 log = structlog.get_logger(__name__)
 #: structlog's filter_by_level asks this logger; asked first, a debug line that would be
 #: dropped costs ~0.2 instead of ~11 us (its event is built before it is dropped).
@@ -269,7 +271,7 @@ async def _record(
     k: int,
     stored: int,
     head: int,
-    metrics: Any,
+    metrics: Metrics,
 ) -> int | None:
     """Record what ``sent`` holds beyond the ``k`` messages the branch shares with it
     (``stored`` long, as of ``head``): appended, or the branch rewritten to it. The seq of
@@ -755,7 +757,7 @@ class _Recorder:
     session_id: str
     session: Session
     position: int
-    metrics: Any
+    metrics: Metrics
     model: str  # the model asked for: the usage's label when the answer names none
     labels: frozenset[str] = frozenset()  # the models that may label usage (configured)
 
