@@ -20,16 +20,33 @@ from contextledger.store.postgres.warm import RECALL_MESSAGES
 
 log = structlog.get_logger(__name__)
 
-#: head of the request that computed it: a replay at seq S uses those from <= S only.
+#: Made the first time hybrid recall finds pgvector (a server may get the extension after
+#: it was migrated), as every table is: the tenant in its key, row-level security, the
+#: service role's grant (migration 0019 brought an earlier table to this). ``available_from``
+#: is the head of the request that computed it (or the seq after the head a background
+#: batch was stored at): a replay at seq S uses those from <= S only.
 EMBEDDINGS_DDL = f"""
-CREATE TABLE IF NOT EXISTS {S}.event_embeddings (
-    session_id text NOT NULL,
-    model text NOT NULL,
-    seq bigint NOT NULL,
-    available_from bigint NOT NULL,
-    embedding vector NOT NULL,
-    PRIMARY KEY (session_id, model, seq)
-)"""
+DO $$ BEGIN
+    IF to_regclass('{S}.event_embeddings') IS NOT NULL THEN
+        RETURN;
+    END IF;
+    CREATE TABLE {S}.event_embeddings (
+        tenant_id text NOT NULL DEFAULT {S}.current_tenant(),
+        session_id text NOT NULL,
+        model text NOT NULL,
+        seq bigint NOT NULL,
+        available_from bigint NOT NULL,
+        embedding vector NOT NULL,
+        PRIMARY KEY (tenant_id, session_id, model, seq)
+    );
+    ALTER TABLE {S}.event_embeddings ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE {S}.event_embeddings FORCE ROW LEVEL SECURITY;
+    CREATE POLICY tenant_isolation ON {S}.event_embeddings
+        USING (tenant_id = {S}.current_tenant()) WITH CHECK (tenant_id = {S}.current_tenant());
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'contextledger_service') THEN
+        GRANT ALL ON {S}.event_embeddings TO contextledger_service;
+    END IF;
+END $$"""
 DISTRIBUTE_EMBEDDINGS = f"""
 SELECT create_distributed_table('{S}.event_embeddings', 'session_id',
                                 colocate_with => '{S}.sessions')
@@ -39,19 +56,39 @@ UNEMBEDDED = f"""
 SELECT e.seq, (e.data -> 'message')::text FROM {S}.events e
  WHERE {{branch}}
    AND NOT EXISTS (SELECT 1 FROM {S}.event_embeddings x
-                    WHERE x.session_id = $1 AND x.model = $model AND x.seq = e.seq)
+                    WHERE x.tenant_id = {S}.current_tenant() AND x.session_id = $1
+                      AND x.model = $model AND x.seq = e.seq)
  ORDER BY e.seq = ANY($first::bigint[]) DESC, e.seq DESC LIMIT $limit"""
 VECTOR_SEARCH = f"""
 WITH q AS (
     SELECT embedding FROM {S}.event_embeddings
-     WHERE session_id = $1 AND model = $model AND seq = $query_seq AND available_from <= $upto
+     WHERE tenant_id = {S}.current_tenant() AND session_id = $1 AND model = $model
+       AND seq = $query_seq AND available_from <= $upto
 )
 SELECT e.seq, x.embedding <=> q.embedding AS distance
   FROM {S}.event_embeddings x
-  JOIN {S}.events e ON e.session_id = x.session_id AND e.seq = x.seq, q
- WHERE x.session_id = $1 AND x.model = $model AND x.available_from <= $upto
+  JOIN {S}.events e
+    ON e.tenant_id = x.tenant_id AND e.session_id = x.session_id AND e.seq = x.seq, q
+ WHERE x.tenant_id = {S}.current_tenant() AND x.session_id = $1 AND x.model = $model
+   AND x.available_from <= $upto
    AND NOT (SELECT $exclude::text::int8multirange) @> x.seq AND {{branch}}
  ORDER BY distance, e.seq DESC LIMIT $limit"""
+
+INSERT_EMBEDDING = f"""
+INSERT INTO {S}.event_embeddings (session_id, model, seq, available_from, embedding)
+VALUES ($1, $2, $3, $4, $5::text::vector) ON CONFLICT DO NOTHING"""
+HEAD_FOR_SHARE = f"""
+SELECT head FROM {S}.sessions
+ WHERE session_id = $1 AND tenant_id = {S}.current_tenant() FOR SHARE"""
+
+
+def _embedding_rows(
+    session_id: str, model: str, available_from: int, vectors: Sequence[tuple[int, Sequence[float]]]
+) -> list[tuple[str, str, int, int, str]]:
+    return [
+        (session_id, model, seq, available_from, "[" + ",".join(map(repr, vec)) + "]")
+        for seq, vec in vectors
+    ]
 
 
 class Vectors(Lineages):
@@ -99,13 +136,23 @@ class Vectors(Lineages):
         if not vectors:
             return
         await self._pool.executemany(
-            f"INSERT INTO {S}.event_embeddings (session_id, model, seq, available_from,"
-            " embedding) VALUES ($1, $2, $3, $4, $5::text::vector) ON CONFLICT DO NOTHING",
-            [
-                (session_id, model, seq, available_from, "[" + ",".join(map(repr, vec)) + "]")
-                for seq, vec in vectors
-            ],
+            INSERT_EMBEDDING, _embedding_rows(session_id, model, available_from, vectors)
         )
+
+    @translated
+    async def store_embeddings_behind(
+        self, session_id: str, model: str, vectors: Sequence[tuple[int, Sequence[float]]]
+    ) -> bool:
+        async with self._pool.acquire() as conn, conn.transaction():
+            # FOR SHARE: an append's conditional head UPDATE waits for this commit, so no
+            # request is built at head + 1 before these rows are there to be seen
+            head = await conn.fetchval(HEAD_FOR_SHARE, session_id)
+            if head is None:
+                return False  # purged meanwhile: nothing to embed for
+            await conn.executemany(
+                INSERT_EMBEDDING, _embedding_rows(session_id, model, head + 1, vectors)
+            )
+        return True
 
     @translated
     async def branch_base(self, session_id: str) -> int:
