@@ -316,7 +316,11 @@ async def write_conversation(ledger: Ledger, sid: str, conv: Conversation, confi
             payload = MessageAppended(message, counter.count_message(message), False, counter.name)
             when = day + dt.timedelta(minutes=k)
             await ledger.store.append(sid, [payload], created_at=when)
-    return await ledger.session(sid)
+    session = await ledger.session(sid)
+    if EMBEDDINGS:  # embedded before the questions, as a session hybrid all along would be
+        await session.get_messages_for_request()  # (a request starts the backlog's
+        await session.close()  # embedding, off its path: this waits for it)
+    return session
 
 
 @dataclass

@@ -133,6 +133,7 @@ class Ledger:
         self.remember_secrets(self.config)
         self._closed = False
         self._background: set[asyncio.Task[Any]] = set()
+        self._resumable: set[asyncio.Task[Any]] = set()
         #: seconds ``close()`` waits for background summaries before cancelling them
         self.close_timeout = 30.0
 
@@ -265,11 +266,16 @@ class Ledger:
         if self._closed:
             raise LedgerClosed("this ledger is closed")
 
-    def keep(self, task: asyncio.Task[Any]) -> None:
+    def keep(self, task: asyncio.Task[Any], *, resumable: bool = False) -> None:
         """Track work a session started in the background (a summary, a recall search
-        started at a tool call): ``close()`` lets it land or cancels it."""
+        started at a tool call): ``close()`` lets it land or cancels it; ``resumable``
+        work (a backlog's embedding, which the next request starts again) is cancelled
+        at once."""
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        if resumable:
+            self._resumable.add(task)
+            task.add_done_callback(self._resumable.discard)
 
     def secret(self, model: str, api_base: str | None) -> str | None:
         """The API key a config gave for ``model`` at ``api_base`` (configs are recorded
@@ -518,6 +524,8 @@ class Ledger:
         """Let background summaries land (or cancel them after ``close_timeout``), then
         close the store's connections. Idempotent; any call after it is ``LedgerClosed``."""
         if not self._closed:
+            for task in self._resumable:
+                task.cancel()
             pending = set(self._background)
             if pending:  # summaries in flight: let them land, or cancel them cleanly
                 _, late = await asyncio.wait(pending, timeout=self.close_timeout)

@@ -15,7 +15,7 @@ rebuilds the block a live request made at that seq carried.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Collection, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import Any, Protocol
@@ -58,10 +58,12 @@ UNIT_RADIUS = 4
 #: How many of a second hop's finds go right after the strong matches (those scoring at
 #: least ``STRONG`` times the best); the rest go last.
 HOP_FIRST, STRONG = 3, 0.5
-#: Events embedded per request at most (the first request of a long session catches
-#: up over a few turns), and per embedding call.
-EMBED_PER_REQUEST = 512
+#: Events per embedding call, and what a request embeds at most: one call, its latest
+#: turn first, then the newest (what is new since the last request, as a rule). A history
+#: beyond it (appended without requests, or before hybrid was on) is embedded off the
+#: request path (``embed_backlog``), its batches searchable as they are stored.
 EMBED_BATCH = 128
+EMBED_PER_REQUEST = EMBED_BATCH
 MAX_EMBED_CHARS = 8000
 
 
@@ -117,6 +119,7 @@ async def recall_for_request(
     branch: Collection[int] | None = None,
     api_key: str | None = None,
     hop: bool = False,
+    on_backlog: Callable[[int], None] | None = None,
 ) -> RecallBlock:
     """The recall block for a request carrying ``view`` (empty when nothing relevant
     was left out, recall is off, or there is no user turn to search for).
@@ -158,6 +161,7 @@ async def recall_for_request(
                 branch=branch,
                 api_key=api_key,
                 hop=hop,
+                on_backlog=on_backlog,
             )
         )
         if span is not None:
@@ -182,6 +186,8 @@ class _Search:
     branch: Collection[int] | None
     api_key: str | None
     hop: bool
+    #: called (with ``upto_seq``) when a live request left messages unembedded
+    on_backlog: Callable[[int], None] | None = None
 
 
 async def _recall(q: _Search) -> RecallBlock:
@@ -277,6 +283,9 @@ async def _semantic(q: _Search, carried: Collection[int]) -> list[int]:
                 )
         except Exception as exc:  # a failing embedder must not fail the request
             log.warning("recall_embedding_failed", model=model, error=f"{type(exc).__name__}")
+        else:
+            if len(todo) == EMBED_PER_REQUEST and q.on_backlog is not None:
+                q.on_backlog(upto_seq)  # there may be more: embedded off the request path
     found = await store.vector_search(
         session_id,
         model,
@@ -287,6 +296,38 @@ async def _semantic(q: _Search, carried: Collection[int]) -> list[int]:
         limit=config.max_matches,
     )
     return [seq for seq, _ in found]
+
+
+async def embed_backlog(
+    store: Store, session_id: str, config: RecallConfig, api_key: str | None, upto_seq: int
+) -> int:
+    """Embed the messages up to ``upto_seq`` that no request embedded, newest first, a
+    batch at a time; each batch is searchable by the requests after the head it was
+    stored at (``Store.store_embeddings_behind``: what a replay at a seq sees is what the
+    live request saw). Stops when none is left, the session is gone, or at the first
+    failure (logged: the next request that leaves a backlog starts again). Returns how
+    many it stored."""
+    model = config.embedding_model
+    if model is None:
+        return 0
+    stored, last = 0, None
+    try:
+        while True:
+            todo = await store.unembedded(
+                session_id, model, upto_seq=upto_seq, first=(), limit=EMBED_BATCH
+            )
+            if not todo or todo[0].seq == last:  # (a batch that stored nothing: stop)
+                return stored
+            last = todo[0].seq
+            texts = [message_text(r.message)[:MAX_EMBED_CHARS] or " " for r in todo]
+            vectors = await embed(texts, config, api_key)
+            pairs = list(zip((r.seq for r in todo), vectors, strict=True))
+            if not await store.store_embeddings_behind(session_id, model, pairs):
+                return stored
+            stored += len(pairs)
+    except Exception as exc:  # (nobody awaits this: say why it stopped)
+        log.warning("recall_backlog_failed", model=model, error=f"{type(exc).__name__}")
+        return stored
 
 
 async def embed(
@@ -319,6 +360,9 @@ class RecallingSession(Protocol):
     def store(self) -> Store: ...
     @property
     def ledger(self) -> LedgerHandle: ...
+    def start_backlog(self, cfg: ContextConfig, upto_seq: int) -> None:
+        """Start ``embed_backlog`` for this session, unless it runs already."""
+        ...
 
 
 def embedding_key(session: RecallingSession, cfg: ContextConfig) -> str | None:
@@ -402,6 +446,7 @@ def search_for(
         branch=branch,
         api_key=embedding_key(session, cfg),
         hop=hop,
+        on_backlog=lambda upto: session.start_backlog(cfg, upto),
     )
 
 

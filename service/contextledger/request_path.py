@@ -52,6 +52,8 @@ from contextledger.recall import (
     announced,
     asks,
     carried_seqs,
+    embed_backlog,
+    embedding_key,
     extra_for,
     recall_block,
     reserve_for,
@@ -170,6 +172,8 @@ class RequestPath:
         #: the recall room of the last request (a speculation searches for that room)
         self._room = 0
         self._spec: _Speculation | None = None
+        #: the hybrid engine's embedding of what requests left unembedded (one at a time)
+        self._backlog: asyncio.Task[int] | None = None
         self._planning = asyncio.Lock()
         #: requests that used a speculation, and that searched afresh after one
         self.speculation_hits = 0
@@ -201,6 +205,17 @@ class RequestPath:
     def ledger(self) -> LedgerHandle:
         """The ledger that opened the session (its in-process keys)."""
         return self._state.ledger
+
+    def start_backlog(self, cfg: ContextConfig, upto_seq: int) -> None:
+        """Embed what requests left unembedded up to ``upto_seq``, off the request path
+        (``recall.embed_backlog``), unless that runs already; the ledger's close waits
+        for it or cancels it."""
+        if self._backlog is not None and not self._backlog.done():
+            return
+        key = embedding_key(self, cfg)
+        work = embed_backlog(self.store, self.session_id, cfg.recall, key, upto_seq)
+        self._backlog = asyncio.ensure_future(work)
+        self._state.ledger.keep(self._backlog, resumable=True)
 
     # -- kept in step by the write path's appends ------------------------------------------
 
@@ -297,11 +312,16 @@ class RequestPath:
             return await search_for(self, items, room, self._state.config, self._state.head)
 
     async def close(self, wait_seconds: float) -> None:
-        """Wait for a speculation in flight (a search of about a millisecond), at most
-        ``wait_seconds``; it is left to the ledger's close after that."""
+        """Wait for a speculation in flight (a search of about a millisecond) and the
+        embedding of a backlog, at most ``wait_seconds``; they are left to the ledger's
+        close after that."""
         spec, self._spec = self._spec, None
-        if spec is not None and not spec.task.done():
-            await asyncio.wait([spec.task], timeout=wait_seconds)
+        tasks: list[asyncio.Future[Any]] = [] if spec is None else [spec.task]
+        if self._backlog is not None:
+            tasks.append(self._backlog)
+        running = [t for t in tasks if not t.done()]
+        if running:
+            await asyncio.wait(running, timeout=wait_seconds)
 
     def on_refresh(self) -> None:
         """The session re-read its head: the next request checks it again."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -19,6 +20,8 @@ from hypothesis import strategies as st
 from contextledger import Ledger
 from contextledger.core.chain import GENESIS_HASH, make_event
 from contextledger.core.events import MessageAppended, SessionCreated
+from contextledger.errors import LedgerRefused
+from contextledger.recall import EMBED_PER_REQUEST
 from contextledger.session import Session
 from contextledger.store import distributed
 from contextledger.store.dsn import asyncpg_dsn
@@ -28,6 +31,7 @@ from contextledger.store.postgres import MAX_GATE_GAPS, RECHECK_AFTER, PostgresS
 from tests.examples import examples
 from tests.fakellm import FakeLLM, running_fake_llm
 from tests.integration.conftest import PG_HOST, PG_PORT
+from tests.integration.service_support import until
 
 #: A recall line's date: on the first line, and where the day changes (``core.recall._lines``)
 DAY = r"( \d{4}-\d\d-\d\d)?"
@@ -353,6 +357,108 @@ async def test_a_rollback_while_the_embedder_answers_rebuilds_the_request(
         assert rolled and session.request_seq >= rolled[0]  # built again, on it
     else:  # PostgreSQL 15 here: nothing embedded, nothing rolled back meanwhile
         assert not rolled and not fake_llm.embedded
+
+
+async def test_a_history_beyond_one_embedding_call_is_embedded_off_the_request_path(
+    pg_ledger: Ledger, fake_llm: FakeLLM
+) -> None:
+    # A long history appended without requests: the first request embeds its turn and the
+    # newest (one call), the rest is embedded in the background, and the requests after
+    # that find by embedding what it held. The first request's replay does not see what
+    # the background stored after it (usable from the head after its batch), nor does any
+    # replay call the embedder.
+    session = await pg_ledger.session(
+        "bk", config={"token_counter": "chars", "recall": hybrid(fake_llm)}
+    )
+    await session.add_message({"role": "user", "content": HIDDEN})
+    await chatter(session, EMBED_PER_REQUEST)  # twice as many messages as one call embeds
+    await session.add_message({"role": "user", "content": ASK})
+    first = await session.get_messages_for_request(token_budget=3000)
+    first_seq = session.request_seq
+    assert not any("18443" in b for b in recall_blocks(first))  # the fact: not yet embedded
+    await session.close()  # lets the backlog's embedding finish
+    embedded = list(fake_llm.embedded)
+    vectors = await pg_ledger.store.vectors_available()
+    if vectors:  # PostgreSQL 18 with pgvector
+        texts = [m["content"] for m in await session.get_messages()]
+        assert sorted(embedded) == sorted(texts)  # each message once, the fact among them
+        request_call = fake_llm.calls("embedder")[0]
+        assert len(request_call.body["input"]) == EMBED_PER_REQUEST  # one call, then none
+    else:  # PostgreSQL 15: no vector extension, nothing to embed
+        assert embedded == []
+    await session.add_message({"role": "assistant", "content": "It was there."})
+    await session.add_message({"role": "user", "content": ASK + " again"})
+    second = await session.get_messages_for_request(token_budget=3000)
+    assert any("18443" in b for b in recall_blocks(second)) == vectors
+    calls = len(fake_llm.embedded)
+    assert await session.request_at(first_seq, token_budget=3000) == first
+    assert await session.request_at(session.request_seq, token_budget=3000) == second
+    assert len(fake_llm.embedded) == calls
+
+
+def backlog_called(fake: FakeLLM) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return len(fake.calls("embedder")) > 1  # the request's call, then the backlog's
+
+    return check
+
+
+async def test_closing_the_ledger_stops_a_backlog_s_embedding(
+    pg_dsn: str, fake_llm: FakeLLM
+) -> None:
+    # The backlog's embedder hangs: the ledger's close does not wait for it (however long
+    # it would wait for a summary), it cancels it; the next request would start it again.
+    release = threading.Event()
+    fake_llm.on_embed = lambda texts: None if ASK in texts else release.wait(60)
+    try:
+        ledger = await Ledger.open(pg_dsn)
+        ledger.close_timeout = 600.0
+        session = await ledger.session("bc", config={"recall": hybrid(fake_llm)})
+        await chatter(session, EMBED_PER_REQUEST)
+        await session.add_message({"role": "user", "content": ASK})
+        await session.get_messages_for_request(token_budget=3000)
+        vectors = await ledger.store.vectors_available()
+        if vectors:
+            await until(backlog_called(fake_llm), "the backlog's call")  # (it hangs)
+        await asyncio.wait_for(ledger.close(), 60)  # (not the 600 s of close_timeout)
+    finally:
+        release.set()
+    if not vectors:  # PostgreSQL 15: nothing embedded, no backlog
+        assert fake_llm.embedded == []
+        return
+    async with Ledger.open(pg_dsn) as again:  # the backlog stored nothing: all but the
+        left = await again.store.unembedded(  # request's one call are left
+            "bc", "openai/embedder", upto_seq=10**6, first=(), limit=10**6
+        )
+    assert len(left) == 2 * EMBED_PER_REQUEST + 1 - EMBED_PER_REQUEST
+
+
+async def test_a_backlog_stored_for_a_session_purged_meanwhile_is_dropped(
+    pg_dsn: str,
+) -> None:
+    async with Ledger.open(pg_dsn) as ledger:
+        store = ledger.store
+        session = await ledger.session("p")
+        for text in ("one", "two"):  # seqs 2 and 3 (1 made the session)
+            await session.add_message({"role": "user", "content": text})
+        if not await store.vectors_available():  # PostgreSQL 15: no table to keep them in
+            with pytest.raises(LedgerRefused):
+                await store.store_embeddings_behind("p", "m", [(2, [1.0, 0.0])])
+            return
+        assert await store.store_embeddings_behind("p", "m", [(2, [1.0, 0.0]), (3, [1.0, 0.1])])
+        near: dict[str, Any] = {"exclude": {3}, "branch": None, "limit": 5}
+        # usable after the head they were stored at (3), not at it
+        assert await store.vector_search("p", "m", 3, upto_seq=3, **near) == []
+        await session.add_message({"role": "user", "content": "three"})
+        found = await store.vector_search("p", "m", 3, upto_seq=4, **near)
+        assert [seq for seq, _ in found] == [2]
+        await store.purge("p", "test")  # type: ignore[attr-defined]
+        assert not await store.store_embeddings_behind("p", "m", [(4, [0.0, 1.0])])
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM contextledger.event_embeddings") == 0
+    finally:
+        await conn.close()
 
 
 async def test_hybrid_recall_on_memory_is_lexical(fake_llm: FakeLLM) -> None:

@@ -407,6 +407,15 @@ class Store(abc.ABC):
         ``>= available_from``; an event keeps its first embedding."""
         raise NotImplementedError("this store keeps no embeddings (vectors_available)")
 
+    async def store_embeddings_behind(
+        self, session_id: str, model: str, vectors: Sequence[tuple[int, Sequence[float]]]
+    ) -> bool:
+        """``store_embeddings`` for work done off the request path: usable from the seq
+        after the session's head, which no append moves until they are stored (a request
+        at a seq the head had reached never sees them, nor does its replay; a request
+        after it does). False, nothing stored, when the session is gone."""
+        raise NotImplementedError("this store keeps no embeddings (vectors_available)")
+
     async def vector_search(
         self,
         session_id: str,
