@@ -17,7 +17,8 @@ wherever the table existed), and ``purge_session`` left a purged session's vecto
 Where the table exists it gets the tenant of the session each row is of (rows of an id
 two tenants hold, and of sessions purged, are dropped: embeddings are derived, a request
 makes them again), the tenant in its key, the policy every table has, and the service
-role's grant; ``purge_session`` deletes the session's embeddings as ``erase_session`` does.
+role's grant (no TRUNCATE, which row-level security does not hold, as 0011);
+``purge_session`` deletes the session's embeddings as ``erase_session`` does.
 The store makes the table this way from now on (``EMBEDDINGS_DDL``).
 """
 
@@ -55,10 +56,13 @@ DO $$ BEGIN
         RETURN;
     END IF;
     ALTER TABLE {TABLE} ADD COLUMN tenant_id text;
+    -- every tenant's sessions, read by an owner that is not a superuser too (as 0015)
+    ALTER TABLE {S}.sessions NO FORCE ROW LEVEL SECURITY;
     DELETE FROM {TABLE} x WHERE x.session_id IN (
         SELECT session_id FROM {S}.sessions GROUP BY session_id HAVING count(*) > 1);
     UPDATE {TABLE} x SET tenant_id = s.tenant_id
       FROM {S}.sessions s WHERE s.session_id = x.session_id;
+    ALTER TABLE {S}.sessions FORCE ROW LEVEL SECURITY;
     DELETE FROM {TABLE} WHERE tenant_id IS NULL;
     ALTER TABLE {TABLE} ALTER COLUMN tenant_id SET NOT NULL,
         ALTER COLUMN tenant_id SET DEFAULT {CURRENT};
@@ -69,7 +73,7 @@ DO $$ BEGIN
     CREATE POLICY tenant_isolation ON {TABLE}
         USING (tenant_id = {CURRENT}) WITH CHECK (tenant_id = {CURRENT});
     IF EXISTS (SELECT FROM pg_roles WHERE rolname = '{ROLE}') THEN
-        GRANT ALL ON {TABLE} TO {ROLE};
+        GRANT SELECT, INSERT, UPDATE, DELETE ON {TABLE} TO {ROLE};
     END IF;
 END $$"""
 
@@ -95,7 +99,7 @@ def _purge(forward: bool) -> None:
         f"SELECT pg_get_functiondef('{S}.purge_session(text, text)'::regprocedure)"
     ).scalar_one()
     old, new = POSTINGS, POSTINGS + EMBEDDINGS
-    if forward and (body.count(old) != 1 or EMBEDDINGS in body):
+    if (body.count(old) if forward else body.count(new)) != 1:
         raise RuntimeError(f"{S}.purge_session no longer deletes its postings as 0019 expects")
     op.execute(body.replace(old, new) if forward else body.replace(new, old))
 

@@ -56,6 +56,12 @@ async def test_each_tenant_embeds_and_finds_its_own_session_of_an_id(
         assert fake_llm.embedded == []
         return
     assert await _rows(pg_dsn) == {"alpha": 42, "beta": 42}
+    conn = await asyncpg.connect(service, server_settings={"contextledger.tenant": "beta"})
+    try:  # TRUNCATE is not held by row-level security: the service role may not
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("TRUNCATE contextledger.event_embeddings")
+    finally:
+        await conn.close()
     async with Ledger.open(service, tenant="alpha") as alpha:
         await alpha.store.purge("s", "asked")  # type: ignore[attr-defined]
     assert await _rows(pg_dsn) == {"beta": 42}  # alpha's went with its session, beta's stay

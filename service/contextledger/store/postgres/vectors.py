@@ -44,7 +44,7 @@ DO $$ BEGIN
     CREATE POLICY tenant_isolation ON {S}.event_embeddings
         USING (tenant_id = {S}.current_tenant()) WITH CHECK (tenant_id = {S}.current_tenant());
     IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'contextledger_service') THEN
-        GRANT ALL ON {S}.event_embeddings TO contextledger_service;
+        GRANT SELECT, INSERT, UPDATE, DELETE ON {S}.event_embeddings TO contextledger_service;
     END IF;
 END $$"""
 DISTRIBUTE_EMBEDDINGS = f"""
