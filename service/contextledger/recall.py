@@ -276,10 +276,7 @@ async def _semantic(q: _Search, carried: Collection[int]) -> list[int]:
                 texts = [message_text(r.message)[:MAX_EMBED_CHARS] or " " for r in batch]
                 vectors = await embed(texts, config, q.api_key)
                 await store.store_embeddings(
-                    session_id,
-                    model,
-                    upto_seq,
-                    list(zip((r.seq for r in batch), vectors, strict=True)),
+                    session_id, model, upto_seq, list(zip(batch, vectors, strict=True))
                 )
         except Exception as exc:  # a failing embedder must not fail the request
             log.warning("recall_embedding_failed", model=model, error=f"{type(exc).__name__}")
@@ -321,7 +318,7 @@ async def embed_backlog(
             last = todo[0].seq
             texts = [message_text(r.message)[:MAX_EMBED_CHARS] or " " for r in todo]
             vectors = await embed(texts, config, api_key)
-            pairs = list(zip((r.seq for r in todo), vectors, strict=True))
+            pairs = list(zip(todo, vectors, strict=True))
             if not await store.store_embeddings_behind(session_id, model, pairs):
                 return stored
             stored += len(pairs)

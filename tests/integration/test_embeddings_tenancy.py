@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from contextledger import Ledger
+from contextledger.core.recall import Recalled
 from contextledger.store.dsn import asyncpg_dsn, with_user
 from contextledger.store.sealing import KeyRing
 from tests.fakellm import FakeLLM, running_fake_llm
@@ -76,10 +77,12 @@ async def test_erase_and_purge_work_where_the_embeddings_table_exists(pg_dsn: st
         await sealed.add_message({"role": "user", "content": "private"})
         (receipt,) = await ledger.erase("sealed", reason="asked")
         assert receipt.session_id == "sealed"
+    async with Ledger.open(pg_dsn) as ledger:  # (no keyring: a session in clear)
         plain = await ledger.session("plain")
         await plain.add_message({"role": "user", "content": "one"})
         if vectors:
-            await ledger.store.store_embeddings("plain", "m", 1, [(1, [1.0, 0.0])])
+            said = Recalled(2, {"role": "user", "content": "one"})
+            await ledger.store.store_embeddings("plain", "m", 2, [(said, [1.0, 0.0])])
             assert await _rows(pg_dsn) == {"local": 1}
         assert await ledger.store.purge("plain", "asked") == 2  # type: ignore[attr-defined]
     if vectors:

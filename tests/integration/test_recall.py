@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import operator
 import re
 import threading
 import uuid
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from contextledger import Ledger
 from contextledger.core.chain import GENESIS_HASH, make_event
 from contextledger.core.events import MessageAppended, SessionCreated
+from contextledger.core.recall import Recalled
 from contextledger.errors import LedgerRefused
 from contextledger.recall import EMBED_PER_REQUEST
 from contextledger.session import Session
@@ -29,7 +31,7 @@ from contextledger.store.lexical import neighbours
 from contextledger.store.migrate import upgrade
 from contextledger.store.postgres import MAX_GATE_GAPS, RECHECK_AFTER, PostgresStore
 from tests.examples import examples
-from tests.fakellm import FakeLLM, running_fake_llm
+from tests.fakellm import FakeLLM, hashed_embedding, running_fake_llm
 from tests.integration.conftest import PG_HOST, PG_PORT
 from tests.integration.service_support import until
 
@@ -441,11 +443,13 @@ async def test_a_backlog_stored_for_a_session_purged_meanwhile_is_dropped(
         session = await ledger.session("p")
         for text in ("one", "two"):  # seqs 2 and 3 (1 made the session)
             await session.add_message({"role": "user", "content": text})
+        one = Recalled(2, {"role": "user", "content": "one"})
+        two = Recalled(3, {"role": "user", "content": "two"})
         if not await store.vectors_available():  # PostgreSQL 15: no table to keep them in
             with pytest.raises(LedgerRefused):
-                await store.store_embeddings_behind("p", "m", [(2, [1.0, 0.0])])
+                await store.store_embeddings_behind("p", "m", [(one, [1.0, 0.0])])
             return
-        assert await store.store_embeddings_behind("p", "m", [(2, [1.0, 0.0]), (3, [1.0, 0.1])])
+        assert await store.store_embeddings_behind("p", "m", [(one, [1.0, 0.0]), (two, [1.0, 0.1])])
         near: dict[str, Any] = {"exclude": {3}, "branch": None, "limit": 5}
         # usable after the head they were stored at (3), not at it
         assert await store.vector_search("p", "m", 3, upto_seq=3, **near) == []
@@ -453,12 +457,65 @@ async def test_a_backlog_stored_for_a_session_purged_meanwhile_is_dropped(
         found = await store.vector_search("p", "m", 3, upto_seq=4, **near)
         assert [seq for seq, _ in found] == [2]
         await store.purge("p", "test")  # type: ignore[attr-defined]
-        assert not await store.store_embeddings_behind("p", "m", [(4, [0.0, 1.0])])
+        three = Recalled(4, {"role": "user", "content": "three"})
+        assert not await store.store_embeddings_behind("p", "m", [(three, [0.0, 1.0])])
+        # made again under its id: the purged session's vectors are not its messages'
+        again = await ledger.session("p")
+        await again.add_message({"role": "user", "content": "other"})
+        assert await store.store_embeddings_behind("p", "m", [(one, [1.0, 0.0])])
+        await store.store_embeddings("p", "m", 2, [(one, [1.0, 0.0])])
     conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
     try:
         assert await conn.fetchval("SELECT count(*) FROM contextledger.event_embeddings") == 0
     finally:
         await conn.close()
+
+
+async def test_a_session_purged_and_made_again_while_the_backlog_embeds_keeps_no_old_vector(
+    pg_dsn: str, fake_llm: FakeLLM
+) -> None:
+    # Between the backlog's read of the messages and its store, another process purges
+    # the session and makes it again under its id, with other messages at the same seqs:
+    # the vectors of the purged text are not stored as theirs.
+    recall = {"recall": hybrid(fake_llm)}
+    swapped: list[int] = []
+
+    def meanwhile(texts: list[str]) -> None:
+        async def swap() -> None:
+            async with Ledger.open(pg_dsn) as other:
+                await other.store.purge("pr", "asked")  # type: ignore[attr-defined]
+                fresh = await other.session("pr")
+                await chatter(fresh, EMBED_PER_REQUEST + 1, start=1000)
+                swapped.append(fresh.head)
+
+        if ASK not in texts and not swapped:  # the backlog's call, not the request's
+            asyncio.run(swap())
+
+    async with Ledger.open(pg_dsn) as ledger:
+        session = await ledger.session("pr", config=recall)
+        await chatter(session, EMBED_PER_REQUEST)
+        await session.add_message({"role": "user", "content": ASK})
+        fake_llm.on_embed = meanwhile
+        await session.get_messages_for_request(token_budget=3000)
+        await session.close()  # the backlog's end
+        fake_llm.on_embed = None
+        if not await ledger.store.vectors_available():  # PostgreSQL 15: nothing embedded
+            assert fake_llm.embedded == [] and not swapped
+            return
+        assert swapped
+    conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
+    try:  # every vector kept is the one of the message its seq holds now
+        rows = await conn.fetch(
+            "SELECT e.data -> 'message' ->> 'content', x.embedding::text"
+            " FROM contextledger.event_embeddings x"
+            " JOIN contextledger.events e ON e.session_id = x.session_id AND e.seq = x.seq"
+        )
+    finally:
+        await conn.close()
+    assert rows  # (the new session's messages, embedded by the backlog after the swap)
+    for content, stored in rows:
+        vector = json.loads(stored)
+        assert max(map(abs, map(operator.sub, vector, hashed_embedding(content)))) < 1e-5
 
 
 async def test_hybrid_recall_on_memory_is_lexical(fake_llm: FakeLLM) -> None:

@@ -401,14 +401,16 @@ class Store(abc.ABC):
         session_id: str,
         model: str,
         available_from: int,
-        vectors: Sequence[tuple[int, Sequence[float]]],
+        vectors: Sequence[tuple[Recalled, Sequence[float]]],
     ) -> None:
-        """Keep ``(seq, vector)`` pairs, usable by requests (and replays) at seqs
-        ``>= available_from``; an event keeps its first embedding."""
+        """Keep each message's vector (the message as ``unembedded`` read it), usable by
+        requests (and replays) at seqs ``>= available_from``; an event keeps its first
+        embedding. Kept only where the event at that seq still holds that message (a
+        session purged and made again under its id meanwhile holds others)."""
         raise NotImplementedError("this store keeps no embeddings (vectors_available)")
 
     async def store_embeddings_behind(
-        self, session_id: str, model: str, vectors: Sequence[tuple[int, Sequence[float]]]
+        self, session_id: str, model: str, vectors: Sequence[tuple[Recalled, Sequence[float]]]
     ) -> bool:
         """``store_embeddings`` for work done off the request path: usable from the seq
         after the session's head, which no append moves until they are stored (a request

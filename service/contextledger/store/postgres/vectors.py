@@ -74,21 +74,35 @@ SELECT e.seq, x.embedding <=> q.embedding AS distance
    AND NOT (SELECT $exclude::text::int8multirange) @> x.seq AND {{branch}}
  ORDER BY distance, e.seq DESC LIMIT $limit"""
 
+#: Each vector where the event at its seq still holds the message embedded (a session
+#: purged and made again under its id meanwhile holds others: their vectors are not these).
 INSERT_EMBEDDING = f"""
 INSERT INTO {S}.event_embeddings (session_id, model, seq, available_from, embedding)
-VALUES ($1, $2, $3, $4, $5::text::vector) ON CONFLICT DO NOTHING"""
+SELECT $1, $2, e.seq, $4, u.embedding::vector
+  FROM unnest($3::bigint[], $5::text[], $6::text[]) AS u(seq, message, embedding)
+  JOIN {S}.events e
+    ON e.tenant_id = {S}.current_tenant() AND e.session_id = $1 AND e.seq = u.seq
+   AND e.data -> 'message' = u.message::jsonb
+ON CONFLICT DO NOTHING"""
 HEAD_FOR_SHARE = f"""
 SELECT head FROM {S}.sessions
  WHERE session_id = $1 AND tenant_id = {S}.current_tenant() FOR SHARE"""
 
 
-def _embedding_rows(
-    session_id: str, model: str, available_from: int, vectors: Sequence[tuple[int, Sequence[float]]]
-) -> list[tuple[str, str, int, int, str]]:
-    return [
-        (session_id, model, seq, available_from, "[" + ",".join(map(repr, vec)) + "]")
-        for seq, vec in vectors
-    ]
+def _embedding_args(
+    session_id: str,
+    model: str,
+    available_from: int,
+    vectors: Sequence[tuple[Recalled, Sequence[float]]],
+) -> tuple[Any, ...]:
+    return (
+        session_id,
+        model,
+        [r.seq for r, _ in vectors],
+        available_from,
+        [json.dumps(r.message) for r, _ in vectors],
+        ["[" + ",".join(map(repr, vec)) + "]" for _, vec in vectors],
+    )
 
 
 class Vectors(Lineages):
@@ -131,17 +145,17 @@ class Vectors(Lineages):
         session_id: str,
         model: str,
         available_from: int,
-        vectors: Sequence[tuple[int, Sequence[float]]],
+        vectors: Sequence[tuple[Recalled, Sequence[float]]],
     ) -> None:
         if not vectors:
             return
-        await self._pool.executemany(
-            INSERT_EMBEDDING, _embedding_rows(session_id, model, available_from, vectors)
+        await self._pool.execute(
+            INSERT_EMBEDDING, *_embedding_args(session_id, model, available_from, vectors)
         )
 
     @translated
     async def store_embeddings_behind(
-        self, session_id: str, model: str, vectors: Sequence[tuple[int, Sequence[float]]]
+        self, session_id: str, model: str, vectors: Sequence[tuple[Recalled, Sequence[float]]]
     ) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():
             # FOR SHARE: an append's conditional head UPDATE waits for this commit, so no
@@ -149,8 +163,8 @@ class Vectors(Lineages):
             head = await conn.fetchval(HEAD_FOR_SHARE, session_id)
             if head is None:
                 return False  # purged meanwhile: nothing to embed for
-            await conn.executemany(
-                INSERT_EMBEDDING, _embedding_rows(session_id, model, head + 1, vectors)
+            await conn.execute(
+                INSERT_EMBEDDING, *_embedding_args(session_id, model, head + 1, vectors)
             )
         return True
 
