@@ -134,6 +134,7 @@ class Ledger:
         self._closed = False
         self._background: set[asyncio.Task[Any]] = set()
         self._resumable: set[asyncio.Task[Any]] = set()
+        self._closing = False
         #: seconds ``close()`` waits for background summaries before cancelling them
         self.close_timeout = 30.0
 
@@ -274,6 +275,8 @@ class Ledger:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         if resumable:
+            if self._closing:  # (started by a request still in flight as close began)
+                task.cancel()
             self._resumable.add(task)
             task.add_done_callback(self._resumable.discard)
 
@@ -524,6 +527,7 @@ class Ledger:
         """Let background summaries land (or cancel them after ``close_timeout``), then
         close the store's connections. Idempotent; any call after it is ``LedgerClosed``."""
         if not self._closed:
+            self._closing = True
             for task in self._resumable:
                 task.cancel()
             pending = set(self._background)

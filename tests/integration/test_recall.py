@@ -435,6 +435,23 @@ async def test_closing_the_ledger_stops_a_backlog_s_embedding(
     assert len(left) == 2 * EMBED_PER_REQUEST + 1 - EMBED_PER_REQUEST
 
 
+async def test_resumable_work_kept_while_the_ledger_closes_is_cancelled() -> None:
+    # A request still in flight when close began may start a backlog after close
+    # cancelled the ones it knew of: that one is cancelled as it is kept.
+    ledger = await Ledger.open("memory://")
+    release = asyncio.Event()
+    summary = asyncio.ensure_future(release.wait())  # close waits for this one
+    ledger.keep(summary)
+    closing = asyncio.ensure_future(ledger.close())
+    await asyncio.sleep(0)  # close is waiting for the summary now
+    late = asyncio.ensure_future(asyncio.sleep(3600))
+    ledger.keep(late, resumable=True)
+    release.set()
+    await closing
+    await asyncio.wait([late], timeout=30)  # (a bound: it would sleep an hour)
+    assert late.cancelled()
+
+
 async def test_a_backlog_stored_for_a_session_purged_meanwhile_is_dropped(
     pg_dsn: str,
 ) -> None:
