@@ -14,7 +14,13 @@ from contextledger.store.errors import translated
 from contextledger.store.lineage import segments
 from contextledger.store.postgres.forks import Lineages
 from contextledger.store.postgres.placeholders import bind
-from contextledger.store.postgres.search import _ON_BRANCH, _ON_GIVEN_BRANCH, seq_ranges
+from contextledger.store.postgres.search import (
+    _ON_BRANCH,
+    _ON_GIVEN_BRANCH,
+    _POSTING_ON_BRANCH,
+    _POSTING_ON_GIVEN_BRANCH,
+    seq_ranges,
+)
 from contextledger.store.postgres.statements import S, _opened
 from contextledger.store.postgres.warm import RECALL_MESSAGES
 
@@ -52,28 +58,30 @@ SELECT create_distributed_table('{S}.event_embeddings', 'session_id',
                                 colocate_with => '{S}.sessions')
  WHERE NOT EXISTS (SELECT 1 FROM pg_dist_partition
                     WHERE logicalrelid = '{S}.event_embeddings'::regclass)"""
+#: (Each statement names its rows by key: a table made during a run has no statistics, and
+#: estimated at one row a join or anti-join was planned as a rescan per row, 50-90 ms at
+#: 600 messages. ``OFFSET 0`` keeps the lookup a keyed one per event.)
 UNEMBEDDED = f"""
 SELECT e.seq, (e.data -> 'message')::text FROM {S}.events e
  WHERE {{branch}}
    AND NOT EXISTS (SELECT 1 FROM {S}.event_embeddings x
                     WHERE x.tenant_id = {S}.current_tenant() AND x.session_id = $1
-                      AND x.model = $model AND x.seq = e.seq)
+                      AND x.model = $model AND x.seq = e.seq OFFSET 0)
  ORDER BY e.seq = ANY($first::bigint[]) DESC, e.seq DESC LIMIT $limit"""
+#: Only a message event is embedded, so the branch is the postings' predicate on the seq
+#: (``_POSTING_ON_BRANCH``): one scan of the session's vectors, no join.
 VECTOR_SEARCH = f"""
 WITH q AS (
     SELECT embedding FROM {S}.event_embeddings
      WHERE tenant_id = {S}.current_tenant() AND session_id = $1 AND model = $model
        AND seq = $query_seq AND available_from <= $upto
 )
-SELECT e.seq, x.embedding <=> q.embedding AS distance
-  FROM {S}.event_embeddings x
-  JOIN {S}.events e
-    ON e.tenant_id = x.tenant_id AND e.session_id = x.session_id AND e.seq = x.seq, q
+SELECT x.seq, x.embedding <=> q.embedding AS distance
+  FROM {S}.event_embeddings x, q
  WHERE x.tenant_id = {S}.current_tenant() AND x.session_id = $1 AND x.model = $model
-   AND x.available_from <= $upto
+   AND x.seq <= $upto AND x.available_from <= $upto
    AND NOT (SELECT $exclude::text::int8multirange) @> x.seq AND {{branch}}
- ORDER BY distance, e.seq DESC LIMIT $limit"""
-
+ ORDER BY distance, x.seq DESC LIMIT $limit"""
 #: Each vector where the event at its seq still holds the message embedded (a session
 #: purged and made again under its id meanwhile holds others: their vectors are not these).
 INSERT_EMBEDDING = f"""
@@ -196,7 +204,8 @@ class Vectors(Lineages):
             "query_seq": query_seq,
             "limit": limit,
         }
-        rows = await self._fetch_on_branch(VECTOR_SEARCH, values, session_id, branch)
+        on_branch = (_POSTING_ON_BRANCH, _POSTING_ON_GIVEN_BRANCH)
+        rows = await self._fetch_on_branch(VECTOR_SEARCH, values, session_id, branch, on_branch)
         return [(r[0], float(r[1])) for r in rows]
 
     @translated
@@ -245,13 +254,16 @@ class Vectors(Lineages):
         values: dict[str, Any],
         session_id: str,
         branch: Collection[int] | None,
+        predicates: tuple[str, str] = (_ON_BRANCH, _ON_GIVEN_BRANCH),
     ) -> list[asyncpg.Record]:
         """``template``'s rows on the session's live branch, or on ``branch`` (a replay's
-        seqs, bound as ranges into ``values``)."""
+        seqs, bound as ranges into ``values``); ``predicates``: the two branch predicates
+        (of events ``e``, or of another table's ``x.seq``)."""
+        live, given = predicates
         if branch is None:
-            sql = template.format(branch=_ON_BRANCH)
+            sql = template.format(branch=live)
         else:
-            sql = template.format(branch=_ON_GIVEN_BRANCH)
+            sql = template.format(branch=given)
             values["branch"] = seq_ranges(branch)
         text, args = bind(sql, values, session_id)
         rows: list[asyncpg.Record] = await self._pool.fetch(text, *args)
