@@ -56,14 +56,24 @@ DO $$ BEGIN
         RETURN;
     END IF;
     ALTER TABLE {TABLE} ADD COLUMN tenant_id text;
-    -- every tenant's sessions, read by an owner that is not a superuser too (as 0015)
+    -- every tenant's sessions and events, read by an owner that is not a superuser too
+    -- (as 0015)
     ALTER TABLE {S}.sessions NO FORCE ROW LEVEL SECURITY;
+    ALTER TABLE {S}.events NO FORCE ROW LEVEL SECURITY;
     DELETE FROM {TABLE} x WHERE x.session_id IN (
         SELECT session_id FROM {S}.sessions GROUP BY session_id HAVING count(*) > 1);
     UPDATE {TABLE} x SET tenant_id = s.tenant_id
       FROM {S}.sessions s WHERE s.session_id = x.session_id;
-    ALTER TABLE {S}.sessions FORCE ROW LEVEL SECURITY;
     DELETE FROM {TABLE} WHERE tenant_id IS NULL;
+    -- and rows at no message event of their session: left by a session purged and made
+    -- again under its id while its messages were embedded (the search no longer joins
+    -- the events that would have dropped them)
+    DELETE FROM {TABLE} x WHERE NOT EXISTS (
+        SELECT 1 FROM {S}.events e
+         WHERE e.tenant_id = x.tenant_id AND e.session_id = x.session_id AND e.seq = x.seq
+           AND e.type = 'message.appended');
+    ALTER TABLE {S}.sessions FORCE ROW LEVEL SECURITY;
+    ALTER TABLE {S}.events FORCE ROW LEVEL SECURITY;
     ALTER TABLE {TABLE} ALTER COLUMN tenant_id SET NOT NULL,
         ALTER COLUMN tenant_id SET DEFAULT {CURRENT};
     ALTER TABLE {TABLE} DROP CONSTRAINT event_embeddings_pkey;

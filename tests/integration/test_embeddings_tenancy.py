@@ -112,11 +112,12 @@ async def test_migration_0019_gives_earlier_embeddings_their_tenant(pg_dsn: str)
             await s.add_message({"role": "user", "content": "text"})
     await asyncio.to_thread(command.downgrade, alembic_config(pg_dsn), "0018")
     conn = await asyncpg.connect(asyncpg_dsn(pg_dsn))
-    try:  # the table as 0018 left it: no tenant; rows of one id, of two, of a purged one
+    try:  # the table as 0018 left it: no tenant; rows of one id, of two, of a purged one,
+        # and one at an event that is no message (its session's creation, seq 1)
         await conn.executemany(
             "INSERT INTO contextledger.event_embeddings (session_id, model, seq,"
-            " available_from, embedding) VALUES ($1, 'm', 2, 2, '[1,0]')",
-            [("one",), ("both",), ("gone",)],
+            " available_from, embedding) VALUES ($1, 'm', $2, 2, '[1,0]')",
+            [("one", 2), ("both", 2), ("gone", 2), ("one", 1)],
         )
         await asyncio.to_thread(command.upgrade, alembic_config(pg_dsn), "head")
         rows = await conn.fetch(

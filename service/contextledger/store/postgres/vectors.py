@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 import structlog
 
+from contextledger.core.encoding import dumps
 from contextledger.core.recall import Recalled
 from contextledger.store.errors import translated
 from contextledger.store.lineage import segments
@@ -90,7 +91,7 @@ SELECT $1, $2, e.seq, $4, u.embedding::vector
   FROM unnest($3::bigint[], $5::text[], $6::text[]) AS u(seq, message, embedding)
   JOIN {S}.events e
     ON e.tenant_id = {S}.current_tenant() AND e.session_id = $1 AND e.seq = u.seq
-   AND e.data -> 'message' = u.message::jsonb
+   AND e.type = 'message.appended' AND e.data -> 'message' = u.message::jsonb
 ON CONFLICT DO NOTHING"""
 HEAD_FOR_SHARE = f"""
 SELECT head FROM {S}.sessions
@@ -108,7 +109,7 @@ def _embedding_args(
         model,
         [r.seq for r, _ in vectors],
         available_from,
-        [json.dumps(r.message) for r, _ in vectors],
+        [dumps(r.message) for r, _ in vectors],  # (as stored: no \u escapes)
         ["[" + ",".join(map(repr, vec)) + "]" for _, vec in vectors],
     )
 
