@@ -530,9 +530,13 @@ class Ledger:
             self._closing = True
             for task in self._resumable:
                 task.cancel()
-            pending = set(self._background)
-            if pending:  # summaries in flight: let them land, or cancel them cleanly
-                _, late = await asyncio.wait(pending, timeout=self.close_timeout)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.close_timeout
+            # summaries in flight: let them land, or cancel them cleanly; again for work
+            # kept meanwhile (a request still in flight as close began)
+            while pending := set(self._background):
+                left = max(0.0, deadline - loop.time())
+                _, late = await asyncio.wait(pending, timeout=left)
                 for task in late:
                     task.cancel()
                 await asyncio.gather(*late, return_exceptions=True)

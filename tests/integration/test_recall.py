@@ -452,6 +452,27 @@ async def test_resumable_work_kept_while_the_ledger_closes_is_cancelled() -> Non
     assert late.cancelled()
 
 
+async def test_work_kept_while_the_ledger_closes_lands_before_it_closes() -> None:
+    # A summary kept by a request still in flight after close took its list of work in
+    # flight: close waits for it too (it used to close the store under it).
+    ledger = await Ledger.open("memory://")
+    release = asyncio.Event()
+    first = asyncio.ensure_future(release.wait())
+    ledger.keep(first)
+    closing = asyncio.ensure_future(ledger.close())
+    await asyncio.sleep(0)  # close is waiting for the first one now
+    landed: list[str] = []
+
+    async def summary() -> None:
+        await asyncio.sleep(0.05)
+        landed.append("summary")
+
+    ledger.keep(asyncio.ensure_future(summary()))
+    release.set()
+    await closing
+    assert landed == ["summary"]
+
+
 async def test_a_backlog_stored_for_a_session_purged_meanwhile_is_dropped(
     pg_dsn: str,
 ) -> None:
