@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -79,6 +80,23 @@ def _check(case: schemathesis.Case, service: tuple[str, str, dict[str, str]]) ->
     case.validate_response(response, checks=[not_a_server_error])
     if response.status_code >= 400:
         assert _state(dsn) == before, (case.method, case.path, response.status_code)
+    _settle(case, url, headers)
+
+
+def _settle(case: schemathesis.Case, url: str, headers: dict[str, str]) -> None:
+    """Wait for what the service writes after its response (the proxy records a reply
+    past it, ``Tenants.defer``): any later use of the session waits for that write, so
+    one read of it does. Else the write could land during the next case and be counted
+    as that case's."""
+    import httpx
+
+    body = case.body if isinstance(case.body, dict) else {}
+    named = (case.path_parameters or {}).get("session_id") or (case.headers or {}).get(
+        "X-Session-Id"
+    )
+    session_id = named or body.get("user")
+    if isinstance(session_id, str) and session_id:
+        httpx.get(f"{url}/v1/sessions/{quote(session_id, safe='')}", headers=headers, timeout=30)
 
 
 @schema.parametrize()
