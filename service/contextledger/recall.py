@@ -28,6 +28,7 @@ from contextledger.core.config import REDACTED, ContextConfig, RecallConfig, ts_
 from contextledger.core.recall import (
     CARRIED_KINDS,
     RecallBlock,
+    Recalled,
     asks_about_past,
     fuse,
     give_back,
@@ -58,12 +59,11 @@ UNIT_RADIUS = 4
 #: How many of a second hop's finds go right after the strong matches (those scoring at
 #: least ``STRONG`` times the best); the rest go last.
 HOP_FIRST, STRONG = 3, 0.5
-#: Events per embedding call, and what a request embeds at most: one call, its latest
-#: turn first, then the newest (what is new since the last request, as a rule). A history
-#: beyond it (appended without requests, or before hybrid was on) is embedded off the
-#: request path (``embed_backlog``), its batches searchable as they are stored.
+#: Events per embedding call. A request makes one at most: its latest turn first, then
+#: the newest (what is new since the last request, as a rule). A history beyond it
+#: (appended without requests, or before hybrid was on) is embedded off the request path
+#: (``embed_backlog``), a call at a time, each batch searchable as it is stored.
 EMBED_BATCH = 128
-EMBED_PER_REQUEST = EMBED_BATCH
 MAX_EMBED_CHARS = 8000
 
 
@@ -268,20 +268,16 @@ async def _semantic(q: _Search, carried: Collection[int]) -> list[int]:
     turn = view[at].seq
     if branch is None:  # a live request embeds what is new; a replay never calls a model
         todo = await store.unembedded(
-            session_id, model, upto_seq=upto_seq, first=(turn,), limit=EMBED_PER_REQUEST
+            session_id, model, upto_seq=upto_seq, first=(turn,), limit=EMBED_BATCH
         )
         try:
-            for start in range(0, len(todo), EMBED_BATCH):
-                batch = todo[start : start + EMBED_BATCH]
-                texts = [message_text(r.message)[:MAX_EMBED_CHARS] or " " for r in batch]
-                vectors = await embed(texts, config, q.api_key)
-                await store.store_embeddings(
-                    session_id, model, upto_seq, list(zip(batch, vectors, strict=True))
-                )
+            if todo:
+                pairs = await embedded(todo, config, q.api_key)
+                await store.store_embeddings(session_id, model, upto_seq, pairs)
         except Exception as exc:  # a failing embedder must not fail the request
             log.warning("recall_embedding_failed", model=model, error=f"{type(exc).__name__}")
         else:
-            if len(todo) == EMBED_PER_REQUEST and q.on_backlog is not None:
+            if len(todo) == EMBED_BATCH and q.on_backlog is not None:
                 q.on_backlog(upto_seq)  # there may be more: embedded off the request path
     found = await store.vector_search(
         session_id,
@@ -316,15 +312,21 @@ async def embed_backlog(
             if not todo or todo[0].seq == last:  # (a batch that stored nothing: stop)
                 return stored
             last = todo[0].seq
-            texts = [message_text(r.message)[:MAX_EMBED_CHARS] or " " for r in todo]
-            vectors = await embed(texts, config, api_key)
-            pairs = list(zip(todo, vectors, strict=True))
+            pairs = await embedded(todo, config, api_key)
             if not await store.store_embeddings_behind(session_id, model, pairs):
                 return stored
             stored += len(pairs)
     except Exception as exc:  # (nobody awaits this: say why it stopped)
         log.warning("recall_backlog_failed", model=model, error=f"{type(exc).__name__}")
         return stored
+
+
+async def embedded(
+    messages: Sequence[Recalled], config: RecallConfig, api_key: str | None
+) -> list[tuple[Recalled, list[float]]]:
+    """Each message with its embedding (of its text, clipped; one call)."""
+    texts = [message_text(r.message)[:MAX_EMBED_CHARS] or " " for r in messages]
+    return list(zip(messages, await embed(texts, config, api_key), strict=True))
 
 
 async def embed(

@@ -23,7 +23,7 @@ from contextledger.core.chain import GENESIS_HASH, make_event
 from contextledger.core.events import MessageAppended, SessionCreated
 from contextledger.core.recall import Recalled
 from contextledger.errors import LedgerRefused
-from contextledger.recall import EMBED_PER_REQUEST
+from contextledger.recall import EMBED_BATCH
 from contextledger.session import Session
 from contextledger.store import distributed
 from contextledger.store.dsn import asyncpg_dsn
@@ -373,7 +373,7 @@ async def test_a_history_beyond_one_embedding_call_is_embedded_off_the_request_p
         "bk", config={"token_counter": "chars", "recall": hybrid(fake_llm)}
     )
     await session.add_message({"role": "user", "content": HIDDEN})
-    await chatter(session, EMBED_PER_REQUEST)  # twice as many messages as one call embeds
+    await chatter(session, EMBED_BATCH)  # twice as many messages as one call embeds
     await session.add_message({"role": "user", "content": ASK})
     first = await session.get_messages_for_request(token_budget=3000)
     first_seq = session.request_seq
@@ -385,7 +385,7 @@ async def test_a_history_beyond_one_embedding_call_is_embedded_off_the_request_p
         texts = [m["content"] for m in await session.get_messages()]
         assert sorted(embedded) == sorted(texts)  # each message once, the fact among them
         request_call = fake_llm.calls("embedder")[0]
-        assert len(request_call.body["input"]) == EMBED_PER_REQUEST  # one call, then none
+        assert len(request_call.body["input"]) == EMBED_BATCH  # one call, then none
     else:  # PostgreSQL 15: no vector extension, nothing to embed
         assert embedded == []
     await session.add_message({"role": "assistant", "content": "It was there."})
@@ -416,7 +416,7 @@ async def test_closing_the_ledger_stops_a_backlog_s_embedding(
         ledger = await Ledger.open(pg_dsn)
         ledger.close_timeout = 600.0
         session = await ledger.session("bc", config={"recall": hybrid(fake_llm)})
-        await chatter(session, EMBED_PER_REQUEST)
+        await chatter(session, EMBED_BATCH)
         await session.add_message({"role": "user", "content": ASK})
         await session.get_messages_for_request(token_budget=3000)
         vectors = await ledger.store.vectors_available()
@@ -432,7 +432,7 @@ async def test_closing_the_ledger_stops_a_backlog_s_embedding(
         left = await again.store.unembedded(  # request's one call are left
             "bc", "openai/embedder", upto_seq=10**6, first=(), limit=10**6
         )
-    assert len(left) == 2 * EMBED_PER_REQUEST + 1 - EMBED_PER_REQUEST
+    assert len(left) == EMBED_BATCH + 1  # 2 x 128 chatter + the turn, less the request's
 
 
 async def test_resumable_work_kept_while_the_ledger_closes_is_cancelled() -> None:
@@ -523,7 +523,7 @@ async def test_a_session_purged_and_made_again_while_the_backlog_embeds_keeps_no
             async with Ledger.open(pg_dsn) as other:
                 await other.store.purge("pr", "asked")  # type: ignore[attr-defined]
                 fresh = await other.session("pr")
-                await chatter(fresh, EMBED_PER_REQUEST + 1, start=1000)
+                await chatter(fresh, EMBED_BATCH + 1, start=1000)
                 swapped.append(fresh.head)
 
         if ASK not in texts and not swapped:  # the backlog's call, not the request's
@@ -531,7 +531,7 @@ async def test_a_session_purged_and_made_again_while_the_backlog_embeds_keeps_no
 
     async with Ledger.open(pg_dsn) as ledger:
         session = await ledger.session("pr", config=recall)
-        await chatter(session, EMBED_PER_REQUEST)
+        await chatter(session, EMBED_BATCH)
         await session.add_message({"role": "user", "content": ASK})
         fake_llm.on_embed = meanwhile
         await session.get_messages_for_request(token_budget=3000)
