@@ -5,7 +5,6 @@ earlier table (keyed by session id alone) brought to that shape by the migration
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import asyncpg
 import pytest
@@ -14,17 +13,11 @@ from contextledger import Ledger
 from contextledger.core.recall import Recalled
 from contextledger.store.dsn import asyncpg_dsn, with_user
 from contextledger.store.sealing import KeyRing
-from tests.fakellm import FakeLLM, running_fake_llm
+from tests.fakellm import FakeLLM
 from tests.integration.test_recall import chatter, hybrid, recall_blocks
 
 ROLE = "contextledger_service"
 COUNT = "SELECT tenant_id, count(*) FROM contextledger.event_embeddings GROUP BY 1 ORDER BY 1"
-
-
-@pytest.fixture(name="fake_llm")
-def _fake_llm() -> Iterator[FakeLLM]:
-    with running_fake_llm() as fake:
-        yield fake
 
 
 async def _rows(dsn: str) -> dict[str, int]:
@@ -37,14 +30,14 @@ async def _rows(dsn: str) -> dict[str, int]:
 
 
 async def test_each_tenant_embeds_and_finds_its_own_session_of_an_id(
-    pg_dsn: str, fake_llm: FakeLLM
+    pg_dsn: str, fake: FakeLLM
 ) -> None:
     async with Ledger.open(pg_dsn) as owner:  # the owner makes the table, if it can
         vectors = await owner.store.vectors_available()
     service = with_user(asyncpg_dsn(pg_dsn), ROLE)
     for tenant, port in (("alpha", 18443), ("beta", 27001)):
         async with Ledger.open(service, tenant=tenant) as ledger:
-            recall = hybrid(fake_llm)
+            recall = hybrid(fake)
             session = await ledger.session("s", config={"token_counter": "chars", "recall": recall})
             await session.add_message({"role": "user", "content": f"It was at {port}."})
             await chatter(session, 20)
@@ -52,9 +45,9 @@ async def test_each_tenant_embeds_and_finds_its_own_session_of_an_id(
             sent = await session.get_messages_for_request(token_budget=2000)
             # found by its own tenant's embedding (the question shares no word with it)
             assert any(str(port) in b for b in recall_blocks(sent)) == vectors
-            assert (f"It was at {port}." in fake_llm.embedded) == vectors
+            assert (f"It was at {port}." in fake.embedded) == vectors
     if not vectors:  # PostgreSQL 15 here: no pgvector, no table, nothing embedded
-        assert fake_llm.embedded == []
+        assert fake.embedded == []
         return
     assert await _rows(pg_dsn) == {"alpha": 42, "beta": 42}
     conn = await asyncpg.connect(service, server_settings={"contextledger.tenant": "beta"})
