@@ -26,6 +26,7 @@ from bisect import bisect_right
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from itertools import accumulate
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -392,32 +393,109 @@ def units_of(messages: Sequence[Recalled]) -> list[tuple[Recalled, ...]]:
     return [tuple(u) for u in units]
 
 
-def _line(rec: Recalled, *, dated: bool = True) -> str:
+def _role(rec: Recalled) -> str:
+    """The role a recalled line names ("tool result" for a result a user message carries)."""
     role = str(rec.message.get("role", ""))
     if role in ("tool", "user") and result_ids(rec.message):
-        role = "tool result"
+        return "tool result"
+    return role
+
+
+def _line(rec: Recalled, *, dated: bool = True) -> str:
     text = message_text(rec.message)
     if len(text) > MAX_LINE_CHARS:
         text = text[:MAX_LINE_CHARS] + " [...]"
     # when it was said (isoformat: strftime was a third of a line's cost)
     when = " " + rec.at.date().isoformat() if dated and rec.at is not None else ""
-    return f"[#{rec.seq}{when} {role}] {text}"
+    return f"[#{rec.seq}{when} {_role(rec)}] {text}"
 
 
-def _lines(recs: Sequence[Recalled]) -> list[str]:
-    """The block's lines in seq order, each dated where its day differs from the line
-    before (the first always): when something was said, without a date on every line."""
-    out: list[str] = []
+def _dates(recs: Sequence[Recalled]) -> list[bool]:
+    """Which of seq-ordered ``recs`` are dated: the first, and each whose day differs
+    from the line before's (when something was said, without a date on every line)."""
+    out: list[bool] = []
     day = None
-    for rec in recs:
+    for n, rec in enumerate(recs):
         today = rec.at.date() if rec.at is not None else None
-        out.append(_line(rec, dated=today != day))
+        out.append(n == 0 or today != day)
         day = today
     return out
 
 
+def _lines(recs: Sequence[Recalled]) -> list[str]:
+    """The block's lines in seq order, dated where the day changes (``_dates``)."""
+    return [_line(rec, dated=d) for rec, d in zip(recs, _dates(recs), strict=True)]
+
+
 def _render(lines: Sequence[str]) -> dict[str, Any]:
     return {"role": "user", "content": "\n".join((RECALL_OPEN, *lines, RECALL_CLOSE))}
+
+
+@lru_cache(maxsize=512)
+def _cached_count(counter: TokenCounter, role: str, content: str) -> int:
+    return counter.count_message({"role": role, "content": content})
+
+
+def _fixed(counter: TokenCounter, role: str, content: str = "") -> int:
+    """A fixed text's tokens as a message of ``role`` (a line's head, a frame, an empty
+    message), counted once per counter: tokenizing them cost ~0.1 ms a block."""
+    try:
+        return _cached_count(counter, role, content)  # type: ignore[arg-type]
+    except TypeError:  # a counter that cannot be a key: counted each time
+        return counter.count_message({"role": role, "content": content})
+
+
+class _Costs:
+    """Upper bounds of a line's tokens before it is rendered, from its message's count at
+    append (``Recalled.tokens``): that count less a message's own overhead (the line is
+    not a message of its own), plus its head ("[#seq date role] " and the line break,
+    counted once per role on a seq as long as the longest, with and without the date)."""
+
+    def __init__(self, counter: TokenCounter, top: int) -> None:
+        self._counter, self._seq = counter, "9" * len(str(top))
+        self._lines: dict[int, tuple[int, int]] = {}  # seq: its line undated, dated
+        self._heads: dict[tuple[str, bool], int] = {}
+        #: what dating a line adds (to the line after a unit, whose day it may change)
+        self._date = self.head("user", True) - self.head("user", False)
+
+    def head(self, role: str, dated: bool) -> int:
+        found = self._heads.get((role, dated))
+        if found is None:
+            when, counter = " 2000-01-01" if dated else "", self._counter
+            text = f"[#{self._seq}{when} {role}] \n"
+            found = _fixed(counter, "user", text) - _fixed(counter, "user")
+            self._heads[role, dated] = found
+        return found
+
+    def line(self, rec: Recalled, dated: bool) -> int:
+        """A line's tokens: its text (``body``) and its head."""
+        found = self._lines.get(rec.seq)
+        if found is None:
+            role, body = _role(rec), self.body(rec)
+            found = self._lines[rec.seq] = (
+                body + self.head(role, False),
+                body + self.head(role, True),
+            )
+        return found[dated]
+
+    def body(self, rec: Recalled) -> int:
+        """The line's text: its message's count less the overhead of a message of its
+        role, or for a clipped line its share of that count (by characters), with slack."""
+        body = max(0, rec.tokens - _fixed(self._counter, str(rec.message.get("role", ""))))
+        whole = len(message_text(rec.message))
+        if whole > MAX_LINE_CHARS:
+            body = min(body, math.ceil(body * CLIP_SLACK * (MAX_LINE_CHARS + 6) / whole) + 4)
+        return body
+
+    def unit(self, unit: Sequence[Recalled]) -> int:
+        """A unit's lines, each dated: what it costs wherever it lands, but for the line
+        after it, which it may leave with a day of its own (``_date``)."""
+        return sum(self.line(r, True) for r in unit) + self._date
+
+    def block(self, frame: int, recs: Sequence[Recalled]) -> int:
+        """The block's tokens: its frame and its lines, dated as ``_lines`` dates them."""
+        dated = _dates(recs)
+        return frame + sum(self.line(r, d) for r, d in zip(recs, dated, strict=True))
 
 
 def pick(
@@ -435,53 +513,75 @@ def pick(
     own tokens (frame included) never exceed ``budget_tokens``; ``RecallBlock.tokens`` is
     their count, or an estimate from the lines' counts at append when that is
     comfortably within the budget.
+
+    Units are taken best first at their costs dated (``_Costs.unit``); most lines carry
+    no date (only where the day changes), so a second pass fills what the dates did not
+    take, from the block's own estimate: at a tight budget the first pass alone left
+    ~30% of the block's room unused (``bench/conversations.py``, 10%).
     """
     ordered = sorted({m.seq: m for m in messages}.values(), key=lambda m: m.seq)
     unit_of: dict[int, tuple[Recalled, ...]] = {}
     for unit in units_of(ordered):
         for rec in unit:
             unit_of[rec.seq] = unit
-    frame = counter.count_message(_render([]))
+    frame = _fixed(counter, "user", _render([])["content"])
     if budget_tokens <= frame:
         return RecallBlock(None, (), 0, query)
+    costs = _Costs(counter, max((m.seq for m in ordered), default=0))
     chosen: dict[int, tuple[Recalled, ...]] = {}
-    costs: dict[int, int] = {}
-    # what a line's head ("[#seq date role] ") and break add, counted once on the longest
-    top = max((m.seq for m in ordered), default=0)
-    head = counter.count_message({"role": "user", "content": f"[#{top} 2000-01-01 tool result] \n"})
-    head -= counter.count_message({"role": "user", "content": ""})
-    used = frame
-    for seq in ranked:
-        found = unit_of.get(seq)
-        if found is None or found[0].seq in chosen:
-            continue
-        unit = found
-        if all(r.tokens for r in unit):  # counted at append: no tokenizer run per unit
-            cost = sum(_line_cost(r, head) for r in unit)
-        else:
-            lines = [_line(r) for r in unit]
-            cost = counter.count_message({"role": "user", "content": "\n".join(lines)})
-        if used + cost > budget_tokens:
-            continue
-        chosen[unit[0].seq] = unit
-        costs[unit[0].seq] = cost
-        used += cost
+    cost_of: dict[int, int] = {}
+    estimated = all(m.tokens for m in ordered)  # counted at append: no tokenizer per unit
+
+    left: list[int] = []  # what a pass left for want of room
+
+    def take(used: int) -> int:
+        """Add the best-ranked units not chosen yet that fit beside ``used`` tokens."""
+        left.clear()
+        for seq in ranked:
+            unit = unit_of.get(seq)
+            if unit is None or unit[0].seq in chosen:
+                continue
+            if estimated:
+                cost = costs.unit(unit)
+            else:
+                lines = [_line(r) for r in unit]
+                cost = counter.count_message({"role": "user", "content": "\n".join(lines)})
+            if used + cost <= budget_tokens:
+                chosen[unit[0].seq] = unit
+                cost_of[unit[0].seq] = cost
+                used += cost
+            else:
+                left.append(seq)
+        return used
+
+    def block() -> tuple[list[tuple[Recalled, ...]], dict[str, Any]]:
+        units = [chosen[k] for k in sorted(chosen)]
+        return units, _render(_lines([rec for unit in units for rec in unit]))
+
+    used = take(frame)
+    if estimated and chosen and left:  # the block as dated, and what the dates left
+        used = take(costs.block(frame, [r for k in sorted(chosen) for r in chosen[k]]))
+        used = costs.block(frame, [r for k in sorted(chosen) for r in chosen[k]])
     if not chosen:
         return RecallBlock(None, (), 0, query)
-    units = [chosen[k] for k in sorted(chosen)]
-    lines = _lines([rec for unit in units for rec in unit])
-    message = _render(lines)
+    units, message = block()
     if used <= budget_tokens * EXACT_ABOVE:
-        # The costs are upper bounds (a message's count at append covers its line's text
-        # and overhead): the block fits without tokenizing it whole again (~1 ms per 2,000
-        # tokens, on every request past the budget).
+        # The costs are upper bounds (a message's count at append covers its line's text):
+        # the block fits without tokenizing it whole again (~1 ms per 2,000 tokens, on
+        # every request past the budget).
         return RecallBlock(message, tuple(r.seq for u in units for r in u), used, query)
     tokens = counter.count_message(message)
+    if estimated and left and tokens < used:  # counted: room the estimates took
+        before = len(chosen)
+        take(tokens)
+        if len(chosen) > before:
+            units, message = block()
+            tokens = counter.count_message(message)
     while tokens > budget_tokens and len(units) > 1:  # per-line estimates ran over: shed
         excess = tokens - budget_tokens  # the worst-ranked units, as many as cover it
         while excess > 0 and len(units) > 1:
             worst = max(range(len(units)), key=lambda i: ranked_pos(ranked, units[i]))
-            excess -= costs[units.pop(worst)[0].seq]
+            excess -= cost_of[units.pop(worst)[0].seq]
         lines = _lines([rec for unit in units for rec in unit])
         message = _render(lines)
         tokens = counter.count_message(message)
@@ -490,22 +590,11 @@ def pick(
     return RecallBlock(message, tuple(r.seq for u in units for r in u), tokens, query)
 
 
-#: Below this share of its budget a block's tokens are the sum of its lines' estimates;
-#: above it, the block is counted exactly (and shed if the estimates were not enough). A
-#: clipped line is estimated as its share of its message's count (by characters) times
-#: ``CLIP_SLACK``: tokenizing each clipped line cost ~3 ms a request at 800-item views.
+#: Below this share of its budget a block's tokens are its lines' estimates; above it, the
+#: block is counted exactly (and shed if the estimates were not enough). A clipped line is
+#: estimated as its share of its message's count (by characters) times ``CLIP_SLACK``:
+#: tokenizing each clipped line cost ~3 ms a request at 800-item views.
 EXACT_ABOVE, CLIP_SLACK = 0.85, 1.15
-
-
-def _line_cost(rec: Recalled, head: int) -> int:
-    """A line's tokens, before it is rendered: its message's count at append (text, plus
-    the message overhead) or, for a clipped line, its share of that count, plus what the
-    head adds (``head``: the longest head, counted)."""
-    body = rec.tokens
-    whole = len(message_text(rec.message))
-    if whole > MAX_LINE_CHARS:  # clipped: its share of the message's count, with slack
-        body = min(body, math.ceil(body * CLIP_SLACK * (MAX_LINE_CHARS + 6) / whole) + 4)
-    return body + head
 
 
 def ranked_pos(ranked: Sequence[int], unit: Sequence[Recalled]) -> int:

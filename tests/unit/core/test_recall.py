@@ -54,23 +54,37 @@ from tests.unit.strategies import (
 WORDS = ("port", "gateway", "18443", "owner", "ops@acme.io", "deploy", "schema", "freeze")
 
 
+DAYS = [datetime(2023, 5, d, 13, 56, tzinfo=UTC) for d in (8, 9, 25)]
+
+
 @st.composite
 def left_out(draw: st.DrawFn) -> list[Recalled]:
-    """Seq-ordered left-out messages: plain turns and tool units, with gaps in seq."""
+    """Seq-ordered left-out messages: plain turns and tool units, with gaps in seq; either
+    all counted at append and dated (as the stores give them: the picker estimates from
+    the counts) or none (it counts each unit)."""
+    counted = draw(st.booleans())
     out: list[Recalled] = []
+
+    def add(seq: int, message: dict[str, Any]) -> None:
+        if counted:
+            at = DAYS[draw(st.integers(0, len(DAYS) - 1))]
+            out.append(Recalled(seq, message, COUNTER.count_message(message), at))
+        else:
+            out.append(Recalled(seq, message))
+
     seq = draw(st.integers(1, 5))
     for n in range(draw(st.integers(0, 12))):
         text = " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=30)))
+        text *= draw(st.sampled_from([1, 1, 1, 12]))  # some past the line's clip
         if draw(st.booleans()):
-            role = draw(st.sampled_from(["user", "assistant"]))
-            out.append(Recalled(seq, {"role": role, "content": text}))
+            add(seq, {"role": draw(st.sampled_from(["user", "assistant"])), "content": text})
             seq += 1
         else:
             ids = [f"c{n}_{k}" for k in range(draw(st.integers(1, 3)))]
-            out.append(Recalled(seq, openai_call([(i, "grep") for i in ids])))
+            add(seq, openai_call([(i, "grep") for i in ids]))
             seq += 1
             for i in ids:
-                out.append(Recalled(seq, openai_result(i, text)))
+                add(seq, openai_result(i, text))
                 seq += 1
         seq += draw(st.integers(0, 2))  # a gap: something in the view, or on no branch
     return out
@@ -82,7 +96,7 @@ def recall_cases(draw: st.DrawFn) -> tuple[list[int], list[Recalled], int]:
     seqs = [m.seq for m in messages]
     ranked = draw(st.permutations(seqs)) if seqs else []
     ranked = ranked[: draw(st.integers(0, len(ranked)))]
-    return list(ranked), messages, draw(st.integers(0, 600))
+    return list(ranked), messages, draw(st.integers(0, 1200))
 
 
 def _unit_seqs(messages: list[Recalled]) -> dict[int, tuple[int, ...]]:
@@ -440,6 +454,29 @@ def test_neighbours_follow_the_next_match() -> None:
     assert with_neighbours([10, 20, 30], {9, 11, 19, 31, 40}) == [10, 20, 9, 11, 30, 19, 31]
     assert with_neighbours([10, 11], {9, 10, 11, 12}) == [10, 11, 9, 12]
     assert with_neighbours([], {1}) == []
+
+
+def test_a_tight_block_is_filled_to_its_budget() -> None:
+    """Counted at append, the lines are estimated; most carry no date and none a message's
+    overhead: the block is filled up to the last line that fits, not to what the dearest
+    estimates left (~70% of the budget before the second pass)."""
+    said = [
+        f"Caroline: on day {n} I went {WORDS[n % 8]} and then {WORDS[(n * 3) % 8]} with "
+        f"Melanie, {n * 7} minutes from the {WORDS[(n * 5) % 8]}"
+        for n in range(80)
+    ]
+    recs = [
+        Recalled(n + 1, user(t), COUNTER.count_message(user(t)), DAYS[n * len(DAYS) // 80])
+        for n, t in enumerate(said)
+    ]
+    budget = 1200
+    block = pick([r.seq for r in recs], recs, budget_tokens=budget, counter=COUNTER)
+    assert block.message is not None
+    real = COUNTER.count_message(block.message)
+    assert real == block.tokens <= budget  # counted, being near the budget
+    line = max(COUNTER.count_message(user(t)) for t in said)
+    assert real > budget - line  # no line left that would have fit
+    assert len(block.seqs) < len(recs)
 
 
 def test_lines_are_dated_where_the_day_changes() -> None:
