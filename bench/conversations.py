@@ -7,7 +7,9 @@ sittings a few days apart, 14-26 turns each, about 350-700 turns in all. Most tu
 chatter drawn from a Zipf vocabulary (bench/language.py); among them each speaker states
 facts of eight kinds: a class signed up for, a job offered, a book finished, a trip
 (asked *when*: the answer is the sitting's date), an instrument practised, a sibling's
-name, a value that changes later (asked for now: the newer statement is the evidence), and
+name, a value that changes later (both statements share the question's word; asked for
+now, the newer statement is the evidence, and a request with the older alone is counted
+"stale only"), and
 two-hop facts (a relative's city in one turn, a visit to that relative in another, asked
 as "which city did X drive to": both turns are the evidence). The other speaker answers
 each statement in a turn that repeats its topic words, as people do. Questions share at
@@ -21,7 +23,7 @@ find.
 Each conversation is written with its sittings' dates (the events' times), then every
 question is appended as the latest user turn and the request built at a budget of 10%
 and 25% of the conversation's tokens. Reported: questions with at least one evidence turn
-in the request ("any"), with all of them ("all"), multi-hop all, and the median ms of a
+in the request ("any"), with all of them ("all"), multi-hop all, stale only, and the median ms of a
 request; per store, recall on (the default) and off. Prints figures, writes JSON,
 asserts nothing.
 """
@@ -82,6 +84,8 @@ class Question:
     kind: str
     text: str
     evidence: list[str]  # the turns' contents that hold the answer
+    #: turns an answer would be stale from (an older value the evidence supersedes)
+    stale: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -238,18 +242,22 @@ def conversation(seed: int) -> Conversation:
                 q = q  # the answer is the sitting's date
             turns = [(me, stmt), (other, reply)]
             plans.append((at, turns, Question(kind, q, [f"{me}: {stmt}"])))
-        # a value that changes later: the newer statement answers "now"
+        # a value that changes later: the newer statement answers "now"; both name the
+        # job, as the question does (until 2026-11-28 neither did: it was a paraphrase)
         old, new = rng.sample(JOBS, 2)
         first, later = sorted(rng.sample(range(n_sittings), 2))
-        s_old = f"Work is fine, being a {old} pays the bills for now."
-        s_new = f"I quit last week, I am a {new} now, a whole new routine."
+        s_old = f"Work is fine, the job pays the bills, being a {old} for now."
+        s_new = f"I quit last week, new job: I am a {new} now, a whole new routine."
         plans.append((first, [(me, s_old), (other, "Bills are bills, right?")], None))  # type: ignore[arg-type]
         plans.append(
             (
                 later,
                 [(me, s_new), (other, f"A {new}, wow, what a change!")],
                 Question(
-                    "updated", f"What does {me} do for a living these days?", [f"{me}: {s_new}"]
+                    "updated",
+                    f"What job does {me} have these days?",
+                    [f"{me}: {s_new}"],
+                    stale=[f"{me}: {s_old}"],
                 ),
             )
         )
@@ -290,7 +298,7 @@ def conversation(seed: int) -> Conversation:
                 q = planned[k][1]
                 if q is not None:
                     if q.kind == "when":
-                        q = Question(q.kind, q.text, q.evidence)
+                        q = Question(q.kind, q.text, q.evidence, q.stale)
                         q.text += f" (answer: {date_of(i)})"  # what a judge would check
                     conv.questions.append(q)
                 k += 1
@@ -330,6 +338,7 @@ class Tally:
     all: int = 0
     multi: int = 0
     multi_all: int = 0
+    stale_only: int = 0  # an older value in the request without the newer
     ms: list[float] = field(default_factory=list)
     by_kind: dict[str, list[int]] = field(default_factory=dict)
 
@@ -367,6 +376,8 @@ async def measure(ledger: Ledger, sid: str, conv: Conversation, pct: int, recall
         tally.ms.append((time.perf_counter() - t0) * 1000)
         text = json.dumps(request, ensure_ascii=False)
         hits = [json.dumps(e, ensure_ascii=False)[1:-1] in text for e in q.evidence]
+        stale = [json.dumps(e, ensure_ascii=False)[1:-1] in text for e in q.stale]
+        tally.stale_only += any(stale) and not any(hits)
         tally.asked += 1
         tally.any += any(hits)
         tally.all += all(hits)
@@ -408,6 +419,7 @@ async def main_async(args: argparse.Namespace) -> None:
                             total.all += t.all
                             total.multi += t.multi
                             total.multi_all += t.multi_all
+                            total.stale_only += t.stale_only
                             total.ms += t.ms
                             for kind, (n, ok, whole) in t.by_kind.items():
                                 k = total.by_kind.setdefault(kind, [0, 0, 0])
@@ -424,6 +436,7 @@ async def main_async(args: argparse.Namespace) -> None:
                                 "all": total.all,
                                 "multi_hop": total.multi,
                                 "multi_hop_all": total.multi_all,
+                                "stale_only": total.stale_only,
                                 "ms_median": statistics.median(total.ms),
                                 "by_kind_any": {k: v[1] / v[0] for k, v in total.by_kind.items()},
                                 "by_kind_all": {k: v[2] / v[0] for k, v in total.by_kind.items()},
@@ -431,13 +444,17 @@ async def main_async(args: argparse.Namespace) -> None:
                             }
                         )
                         print(f"  {store} {pct}% recall={recall} done", file=sys.stderr)
-    print("| store | budget | recall | any evidence | all evidence | multi-hop all | ms/request |")
-    print("|---|---:|---|---:|---:|---:|---:|")
+    print(
+        "| store | budget | recall | any evidence | all evidence | multi-hop all | stale only "
+        "| ms/request |"
+    )
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['store']} | {r['budget_pct']}% | {'on' if r['recall'] else 'off'} | "
             f"{_pct(r['any'], r['asked'])} | {_pct(r['all'], r['asked'])} | "
-            f"{_pct(r['multi_hop_all'], r['multi_hop'])} | {r['ms_median']:.2f} |"
+            f"{_pct(r['multi_hop_all'], r['multi_hop'])} | {r['stale_only']} | "
+            f"{r['ms_median']:.2f} |"
         )
     print("\nany / all evidence by kind (recall on):")
     for r in rows:
