@@ -214,14 +214,14 @@ async def _recall(q: _Search) -> RecallBlock:
         carried = carried_seqs(view, upto_seq)
         nearest = await _semantic(q, carried)
         if nearest:
-            lexical = set(ranked)
-            ranked = fuse([ranked, nearest])[: config.max_matches]
-            kept = set(ranked)  # a lexical match fusion dropped is no candidate
-            messages = [m for m in messages if m.seq in kept or m.seq not in lexical]
+            # each ranker's candidates, all of them, in the fused order: the block takes
+            # what fits (cut to ``max_matches`` after the fusion, an embedding's finds
+            # below its 20th were lost wherever the lexical list was noise, a paraphrase's)
+            ranked = fuse([ranked, nearest])
             # the embedding's own finds, read by key (the lexical search's neighbours and
             # second hop are among the messages: counting those, a request whose lexical
             # search found neighbours skipped this read and lost every such find)
-            unread = kept - {m.seq for m in messages}
+            unread = set(ranked) - {m.seq for m in messages}
             if unread:
                 messages += await store.recall_messages(
                     session_id, unread, upto_seq=upto_seq, branch=branch

@@ -327,6 +327,33 @@ async def test_hybrid_brings_what_only_the_embedding_found_beside_lexical_matche
     assert await session.request_at(session.request_seq, token_budget=3000) == sent
 
 
+async def test_hybrid_keeps_each_ranker_s_candidates_where_the_block_has_room(
+    pg_ledger: Ledger, fake_llm: FakeLLM
+) -> None:
+    # The lexical search's matches are noise (a word the fact does not hold), and the
+    # fact is the embedding's fourth find, below three turns of nothing but stop words
+    # that are nearer the question. Fused, it ranks seventh or eighth: the block has room
+    # for it. Cut to ``max_matches`` (4) after the fusion, it was lost.
+    recall = {**hybrid(fake_llm), "max_matches": 4}
+    session = await pg_ledger.session("hr", config={"token_counter": "chars", "recall": recall})
+    await session.add_message({"role": "user", "content": HIDDEN})
+    for near in ("So, where was it then?", "Where was it, so?", "So it was where, then?"):
+        await session.add_message({"role": "user", "content": near})
+    for i in range(8):
+        await chatter(session, 4, start=10 * i)
+        await session.add_message({"role": "user", "content": f"Saw a kestrel again, number {i}."})
+    await session.add_message({"role": "user", "content": "So where was it, kestrel?"})
+    sent = await session.get_messages_for_request(token_budget=3000)
+    (block,) = recall_blocks(sent)
+    assert block.count("kestrel") >= 4  # the lexical matches (and the embedding's)
+    if await pg_ledger.store.vectors_available():
+        assert "Where was it, so?" in block  # the embedding's first finds
+        assert "18443" in block  # and its fourth
+    else:  # PostgreSQL 15 here: no vector extension, the lexical matches alone
+        assert "18443" not in block and fake_llm.embedded == []
+    assert await session.request_at(session.request_seq, token_budget=3000) == sent
+
+
 async def test_a_rollback_while_the_embedder_answers_rebuilds_the_request(
     pg_ledger: Ledger, pg_dsn: str, fake_llm: FakeLLM
 ) -> None:
