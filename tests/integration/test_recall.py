@@ -91,6 +91,31 @@ async def test_a_truncated_fact_comes_back_before_the_latest_turn(ledger: Ledger
     assert included and included[-1]["source"] == "recall" and 3 in included[-1]["seqs"]
 
 
+async def test_a_participant_s_name_finds_their_turns_and_each_line_names_its_speaker(
+    ledger: Ledger,
+) -> None:
+    # Several people in one conversation, told apart by the messages' ``name``: the name
+    # is searchable (PostgreSQL's index holds every string of a message but its role, and
+    # memory:// indexes it as well), and a recalled line says who said it.
+    session = await ledger.session("named", config={"token_counter": "chars"})
+    fact = "I adopted a kestrel, we call him Zip."
+    await session.add_message({"role": "user", "name": "Caroline", "content": fact})
+    await chatter(session, 20)
+    await session.add_message({"role": "user", "name": "Melanie", "content": "Mine is Rook."})
+    await session.add_message({"role": "user", "name": "Ann [admin]\n", "content": "Hi."})
+    await chatter(session, 20, start=20)
+    await session.add_message({"role": "user", "content": "Which pet does Caroline keep?"})
+    request = await session.get_messages_for_request(token_budget=3000)
+    (block,) = recall_blocks(request)
+    assert re.search(rf"\[#2{DAY} user Caroline\] {re.escape(fact)}", block)
+    assert "Rook" not in block  # Melanie's: her name is not asked about
+    await session.add_message({"role": "user", "content": "And what did Ann say?"})
+    request = await session.get_messages_for_request(token_budget=3000)
+    (block,) = recall_blocks(request)
+    assert re.search(rf"\[#\d+{DAY} user Ann admin\] Hi\.", block)  # no bracket of its own
+    assert await session.request_at(session.request_seq, token_budget=3000) == request
+
+
 async def test_recall_can_be_turned_off(ledger: Ledger) -> None:
     session = await planted(ledger, {"recall": {"enabled": False}})
     request = await session.get_messages_for_request(token_budget=2000)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from bisect import bisect_right
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -393,12 +394,30 @@ def units_of(messages: Sequence[Recalled]) -> list[tuple[Recalled, ...]]:
     return [tuple(u) for u in units]
 
 
+#: Longest participant name a recalled line carries (OpenAI's limit for ``name``).
+MAX_NAME_CHARS = 64
+_NAME_UNSAFE = re.compile(r"[\]\[\s]+")
+
+
+def speaker(message: Mapping[str, Any]) -> str | None:
+    """A message's participant ``name`` as a line can carry it (brackets and whitespace
+    runs made one space, at most ``MAX_NAME_CHARS``), None without one: in a conversation
+    of several people, who said a line is half of what it says."""
+    name = message.get("name")
+    if not isinstance(name, str):
+        return None
+    name = _NAME_UNSAFE.sub(" ", name).strip()[:MAX_NAME_CHARS].strip()
+    return name or None
+
+
 def _role(rec: Recalled) -> str:
-    """The role a recalled line names ("tool result" for a result a user message carries)."""
+    """Who a recalled line names: its role ("tool result" for a result a user message
+    carries), and its participant's name where the message has one ("user Caroline")."""
     role = str(rec.message.get("role", ""))
     if role in ("tool", "user") and result_ids(rec.message):
-        return "tool result"
-    return role
+        role = "tool result"
+    name = speaker(rec.message)
+    return role if name is None else f"{role} {name}"
 
 
 def _line(rec: Recalled, *, dated: bool = True) -> str:
@@ -432,17 +451,17 @@ def _render(lines: Sequence[str]) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=512)
-def _cached_count(counter: TokenCounter, role: str, content: str) -> int:
-    return counter.count_message({"role": role, "content": content})
+def _cached_count(counter: TokenCounter, role: str, content: str, name: str) -> int:
+    return counter.count_message({"role": role, "content": content, "name": name})
 
 
-def _fixed(counter: TokenCounter, role: str, content: str = "") -> int:
+def _fixed(counter: TokenCounter, role: str, content: str = "", name: str = "") -> int:
     """A fixed text's tokens as a message of ``role`` (a line's head, a frame, an empty
     message), counted once per counter: tokenizing them cost ~0.1 ms a block."""
     try:
-        return _cached_count(counter, role, content)  # type: ignore[arg-type]
+        return _cached_count(counter, role, content, name)  # type: ignore[arg-type]
     except TypeError:  # a counter that cannot be a key: counted each time
-        return counter.count_message({"role": role, "content": content})
+        return counter.count_message({"role": role, "content": content, "name": name})
 
 
 class _Costs:
@@ -480,8 +499,13 @@ class _Costs:
 
     def body(self, rec: Recalled) -> int:
         """The line's text: its message's count less the overhead of a message of its
-        role, or for a clipped line its share of that count (by characters), with slack."""
-        body = max(0, rec.tokens - _fixed(self._counter, str(rec.message.get("role", ""))))
+        role and name (the head carries the name), or for a clipped line its share of that
+        count (by characters), with slack."""
+        name = rec.message.get("name")
+        overhead = _fixed(
+            self._counter, str(rec.message.get("role", "")), "", name if type(name) is str else ""
+        )
+        body = max(0, rec.tokens - overhead)
         whole = len(message_text(rec.message))
         if whole > MAX_LINE_CHARS:
             body = min(body, math.ceil(body * CLIP_SLACK * (MAX_LINE_CHARS + 6) / whole) + 4)

@@ -31,7 +31,7 @@ from contextledger.core.projection import (
     message_item,
     record_events,
 )
-from contextledger.core.recall import Recalled, message_text
+from contextledger.core.recall import Recalled, message_text, speaker
 from contextledger.core.view import ViewItem
 from contextledger.errors import (
     IdempotencyConflict,
@@ -59,6 +59,14 @@ from contextledger.store.sealing import KeyRing, Sealer
 
 if TYPE_CHECKING:
     from contextledger.store.lexical import Lexer
+
+
+def indexed_text(message: Mapping[str, Any]) -> str:
+    """What recall indexes of a message: its text and, as PostgreSQL's index has it (every
+    string of the message but its role), its participant's name."""
+    name = speaker(message)
+    text = message_text(message)
+    return text if name is None else f"{name}\n{text}"
 
 
 @dataclass
@@ -125,7 +133,7 @@ class _Stream:
         held = index.postings
         for event in self.events[held.upto : max(held.upto, upto_seq)]:
             if isinstance(event.payload, MessageAppended):
-                index.add(event.seq, message_text(event.payload.message))
+                index.add(event.seq, indexed_text(event.payload.message))
             held.upto = event.seq
         return index
 

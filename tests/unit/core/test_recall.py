@@ -31,6 +31,7 @@ from contextledger.core.recall import (
     query_end,
     query_text,
     room_start,
+    speaker,
     units_of,
     with_hops,
     with_neighbours,
@@ -77,7 +78,9 @@ def left_out(draw: st.DrawFn) -> list[Recalled]:
         text = " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=30)))
         text *= draw(st.sampled_from([1, 1, 1, 12]))  # some past the line's clip
         if draw(st.booleans()):
-            add(seq, {"role": draw(st.sampled_from(["user", "assistant"])), "content": text})
+            turn = {"role": draw(st.sampled_from(["user", "assistant"])), "content": text}
+            name = draw(st.sampled_from([None, None, "Caroline", "Ann [ops]\n", "Zoë " * 20]))
+            add(seq, turn if name is None else {**turn, "name": name})
             seq += 1
         else:
             ids = [f"c{n}_{k}" for k in range(draw(st.integers(1, 3)))]
@@ -477,6 +480,19 @@ def test_a_tight_block_is_filled_to_its_budget() -> None:
     line = max(COUNTER.count_message(user(t)) for t in said)
     assert real > budget - line  # no line left that would have fit
     assert len(block.seqs) < len(recs)
+
+
+def test_a_line_names_its_speaker_as_a_line_can_carry_it() -> None:
+    assert speaker({"role": "user", "name": "Caroline"}) == "Caroline"
+    assert speaker({"role": "user", "name": " Ann ] [ops]\n\t x "}) == "Ann ops x"
+    assert speaker({"role": "user", "name": "é" * 100}) == "é" * 64
+    assert speaker({"role": "user"}) is speaker({"role": "user", "name": 7}) is None
+    assert speaker({"role": "user", "name": "[]"}) is None
+    recs = [Recalled(3, {**user("I went to Lisbon"), "name": "Caroline"}), Recalled(4, user("Ok"))]
+    block = pick([3, 4], recs, budget_tokens=400, counter=COUNTER)
+    assert block.message is not None
+    lines = str(block.message["content"]).splitlines()[2:-1]
+    assert lines == ["[#3 user Caroline] I went to Lisbon", "[#4 user] Ok"]
 
 
 def test_lines_are_dated_where_the_day_changes() -> None:
