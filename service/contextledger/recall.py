@@ -248,10 +248,12 @@ async def _recall(q: _Search) -> RecallBlock:
         )
     order = with_neighbours(ranked, {m.seq for m in messages})
     # the hop's best right after the strong matches (scoring at least half the best: what
-    # the hop was found through), before the weak ones; the rest after everything else
+    # the hop was found through) among the first ``max_matches`` (a hybrid's fused list
+    # holds both rankers' candidates), before the weak ones; the rest after everything
     if hops:
         best = max(score for _, score in matches)
         strong = {seq for seq, score in matches if score >= STRONG * best}
+        strong.intersection_update(ranked[: config.max_matches])
         order = with_hops(order, hops, strong, first=HOP_FIRST)
     return pick(order, messages, budget_tokens=q.budget_tokens, counter=q.counter, query=query)
 

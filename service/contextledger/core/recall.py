@@ -421,9 +421,7 @@ def _role(rec: Recalled) -> str:
 
 
 def _line(rec: Recalled, *, dated: bool = True) -> str:
-    text = message_text(rec.message)
-    if len(text) > MAX_LINE_CHARS:
-        text = text[:MAX_LINE_CHARS] + " [...]"
+    text = _clipped(message_text(rec.message))
     # when it was said (isoformat: strftime was a third of a line's cost)
     when = " " + rec.at.date().isoformat() if dated and rec.at is not None else ""
     return f"[#{rec.seq}{when} {_role(rec)}] {text}"
@@ -456,33 +454,48 @@ def _cached_count(counter: TokenCounter, role: str, content: str, name: str) -> 
 
 
 def _fixed(counter: TokenCounter, role: str, content: str = "", name: str = "") -> int:
-    """A fixed text's tokens as a message of ``role`` (a line's head, a frame, an empty
-    message), counted once per counter: tokenizing them cost ~0.1 ms a block."""
+    """A fixed text's tokens as a message of ``role`` (a frame, an empty message of a
+    role and participant name), counted once per counter (the name as ``speaker`` gives
+    it: at most 64 characters a key)."""
     try:
         return _cached_count(counter, role, content, name)  # type: ignore[arg-type]
     except TypeError:  # a counter that cannot be a key: counted each time
         return counter.count_message({"role": role, "content": content, "name": name})
 
 
-class _Costs:
-    """Upper bounds of a line's tokens before it is rendered, from its message's count at
-    append (``Recalled.tokens``): that count less a message's own overhead (the line is
-    not a message of its own), plus its head ("[#seq date role] " and the line break,
-    counted once per role on a seq as long as the longest, with and without the date)."""
+#: Tokens a line's head may take beyond the head counted for its role on the block's
+#: newest seq and latest date: another seq's digits and another day's date can take more
+#: in some tokenizers (Claude's: up to 2-3 on six digits, 1 on a date).
+HEAD_SLACK = 3
 
-    def __init__(self, counter: TokenCounter, top: int) -> None:
-        self._counter, self._seq = counter, "9" * len(str(top))
+
+class _Costs:
+    """Upper bounds of a line's tokens before the block is rendered. Its text: for plain
+    prose (a string content, no tool calls, not clipped: the line holds exactly the text
+    its message was counted with at append, ``Recalled.tokens``), that count less a
+    message's own overhead; for anything else (content blocks, tool calls, a clipped
+    line, no count), the line's text counted (at most ``MAX_LINE_CHARS``). Its head
+    ("[#seq date role] " and the line break): counted once per role on the block's
+    newest seq and latest date, with and without the date, plus ``HEAD_SLACK``."""
+
+    def __init__(self, counter: TokenCounter, recs: Sequence[Recalled]) -> None:
+        self._counter = counter
+        self._seq = max((r.seq for r in recs), default=0)
+        days = [r.at for r in recs if r.at is not None]
+        self._day = max(days).date().isoformat() if days else "2000-01-01"
+        self._empty = _fixed(counter, "user")
         self._lines: dict[int, tuple[int, int]] = {}  # seq: its line undated, dated
         self._heads: dict[tuple[str, bool], int] = {}
         #: what dating a line adds (to the line after a unit, whose day it may change)
-        self._date = self.head("user", True) - self.head("user", False)
+        self.date = self.head("user", True) - self.head("user", False)
 
     def head(self, role: str, dated: bool) -> int:
         found = self._heads.get((role, dated))
         if found is None:
-            when, counter = " 2000-01-01" if dated else "", self._counter
+            when = f" {self._day}" if dated else ""
             text = f"[#{self._seq}{when} {role}] \n"
-            found = _fixed(counter, "user", text) - _fixed(counter, "user")
+            found = self._counter.count_message({"role": "user", "content": text})
+            found += HEAD_SLACK - self._empty
             self._heads[role, dated] = found
         return found
 
@@ -498,23 +511,26 @@ class _Costs:
         return found[dated]
 
     def body(self, rec: Recalled) -> int:
-        """The line's text: its message's count less the overhead of a message of its
-        role and name (the head carries the name), or for a clipped line its share of that
-        count (by characters), with slack."""
-        name = rec.message.get("name")
-        overhead = _fixed(
-            self._counter, str(rec.message.get("role", "")), "", name if type(name) is str else ""
-        )
-        body = max(0, rec.tokens - overhead)
-        whole = len(message_text(rec.message))
-        if whole > MAX_LINE_CHARS:
-            body = min(body, math.ceil(body * CLIP_SLACK * (MAX_LINE_CHARS + 6) / whole) + 4)
-        return body
+        message = rec.message
+        content = message.get("content")
+        if (
+            rec.tokens
+            and type(content) is str
+            and message.get("tool_calls") is None
+            and len(content) <= MAX_LINE_CHARS
+        ):
+            name = speaker(message) or ""  # (at least what the count held of the name)
+            overhead = _fixed(self._counter, str(message.get("role", "")), "", name)
+            return max(0, rec.tokens - overhead)
+        text = _clipped(message_text(message))
+        return self._counter.count_message({"role": "user", "content": text}) - self._empty
 
-    def unit(self, unit: Sequence[Recalled]) -> int:
+    def unit(self, unit: Sequence[Recalled], dated: bool = True) -> int:
         """A unit's lines, each dated: what it costs wherever it lands, but for the line
-        after it, which it may leave with a day of its own (``_date``)."""
-        return sum(self.line(r, True) for r in unit) + self._date
+        after it, which it may leave with a day of its own (``date``); or undated."""
+        if not dated:
+            return sum(self.line(r, False) for r in unit)
+        return sum(self.line(r, True) for r in unit) + self.date
 
     def block(self, frame: int, recs: Sequence[Recalled]) -> int:
         """The block's tokens: its frame and its lines, dated as ``_lines`` dates them."""
@@ -535,13 +551,13 @@ def pick(
     ``ranked`` lists matched seqs best first; ``messages`` holds the matches and
     their neighbours (seq order) so tool units can be taken whole. The block's
     own tokens (frame included) never exceed ``budget_tokens``; ``RecallBlock.tokens`` is
-    their count, or an estimate from the lines' counts at append when that is
-    comfortably within the budget.
+    their count, or an upper bound of it (``_Costs``) when that is well within the budget.
 
     Units are taken best first at their costs dated (``_Costs.unit``); most lines carry
     no date (only where the day changes), so a second pass fills what the dates did not
-    take, from the block's own estimate: at a tight budget the first pass alone left
-    ~30% of the block's room unused (``bench/conversations.py``, 10%).
+    take, from the block's own estimate, and a third what its exact count shows: at a
+    tight budget the first pass alone left ~30% of the block's room unused
+    (``bench/conversations.py``, 10%).
     """
     ordered = sorted({m.seq: m for m in messages}.values(), key=lambda m: m.seq)
     unit_of: dict[int, tuple[Recalled, ...]] = {}
@@ -551,74 +567,78 @@ def pick(
     frame = _fixed(counter, "user", _render([])["content"])
     if budget_tokens <= frame:
         return RecallBlock(None, (), 0, query)
-    costs = _Costs(counter, max((m.seq for m in ordered), default=0))
+    costs = _Costs(counter, ordered)
     chosen: dict[int, tuple[Recalled, ...]] = {}
     cost_of: dict[int, int] = {}
-    estimated = all(m.tokens for m in ordered)  # counted at append: no tokenizer per unit
+    left: list[int] = []  # what the last pass left for want of room
 
-    left: list[int] = []  # what a pass left for want of room
-
-    def take(used: int) -> int:
-        """Add the best-ranked units not chosen yet that fit beside ``used`` tokens."""
+    def take(used: int, scale: float | None = None) -> None:
+        """Add the best-ranked units not chosen yet that fit beside ``used`` tokens, each
+        at its cost (``scale``: undated, times that)."""
         left.clear()
         for seq in ranked:
             unit = unit_of.get(seq)
             if unit is None or unit[0].seq in chosen:
                 continue
-            if estimated:
+            if scale is None:
                 cost = costs.unit(unit)
             else:
-                lines = [_line(r) for r in unit]
-                cost = counter.count_message({"role": "user", "content": "\n".join(lines)})
+                cost = math.ceil(costs.unit(unit, dated=False) * scale)
             if used + cost <= budget_tokens:
                 chosen[unit[0].seq] = unit
                 cost_of[unit[0].seq] = cost
                 used += cost
             else:
                 left.append(seq)
-        return used
 
-    def block() -> tuple[list[tuple[Recalled, ...]], dict[str, Any]]:
-        units = [chosen[k] for k in sorted(chosen)]
-        return units, _render(_lines([rec for unit in units for rec in unit]))
+    def estimate() -> int:
+        return costs.block(frame, [r for k in sorted(chosen) for r in chosen[k]])
 
-    used = take(frame)
-    if estimated and chosen and left:  # the block as dated, and what the dates left
-        used = take(costs.block(frame, [r for k in sorted(chosen) for r in chosen[k]]))
-        used = costs.block(frame, [r for k in sorted(chosen) for r in chosen[k]])
+    def block(units: list[tuple[Recalled, ...]]) -> dict[str, Any]:
+        return _render(_lines([rec for unit in units for rec in unit]))
+
+    take(frame)
     if not chosen:
         return RecallBlock(None, (), 0, query)
-    units, message = block()
+    used = estimate()
+    if left:  # the block as dated, and what the dates left
+        take(used)
+        used = estimate()
+    units = [chosen[k] for k in sorted(chosen)]
+    message = block(units)
     if used <= budget_tokens * EXACT_ABOVE:
-        # The costs are upper bounds (a message's count at append covers its line's text):
-        # the block fits without tokenizing it whole again (~1 ms per 2,000 tokens, on
-        # every request past the budget).
+        # The estimate is an upper bound: the block fits without tokenizing it whole
+        # again (~1 ms per 2,000 tokens, on every request past the budget).
         return RecallBlock(message, tuple(r.seq for u in units for r in u), used, query)
     tokens = counter.count_message(message)
-    if estimated and left and tokens < used:  # counted: room the estimates took
-        before = len(chosen)
-        take(tokens)
+    if left and tokens < used:  # counted: the room the estimates took, at undated costs
+        before = len(chosen)  # as the count scales them (a unit that runs over is shed)
+        take(tokens, (tokens - frame) / (used - frame))
         if len(chosen) > before:
-            units, message = block()
+            units = [chosen[k] for k in sorted(chosen)]
+            message = block(units)
             tokens = counter.count_message(message)
     while tokens > budget_tokens and len(units) > 1:  # per-line estimates ran over: shed
         excess = tokens - budget_tokens  # the worst-ranked units, as many as cover it
         while excess > 0 and len(units) > 1:
             worst = max(range(len(units)), key=lambda i: ranked_pos(ranked, units[i]))
             excess -= cost_of[units.pop(worst)[0].seq]
-        lines = _lines([rec for unit in units for rec in unit])
-        message = _render(lines)
+        message = block(units)
         tokens = counter.count_message(message)
     if tokens > budget_tokens:
         return RecallBlock(None, (), 0, query)
     return RecallBlock(message, tuple(r.seq for u in units for r in u), tokens, query)
 
 
-#: Below this share of its budget a block's tokens are its lines' estimates; above it, the
-#: block is counted exactly (and shed if the estimates were not enough). A clipped line is
-#: estimated as its share of its message's count (by characters) times ``CLIP_SLACK``:
-#: tokenizing each clipped line cost ~3 ms a request at 800-item views.
-EXACT_ABOVE, CLIP_SLACK = 0.85, 1.15
+#: Below this share of its budget a block's tokens are its lines' estimates (upper bounds
+#: but for a tokenizer's quirks, which this margin covers); above it, the block is counted
+#: exactly (and shed if the estimates were not enough).
+EXACT_ABOVE = 0.6
+
+
+def _clipped(text: str) -> str:
+    """A line's text: at most ``MAX_LINE_CHARS`` (the whole message is in the ledger)."""
+    return text[:MAX_LINE_CHARS] + " [...]" if len(text) > MAX_LINE_CHARS else text
 
 
 def ranked_pos(ranked: Sequence[int], unit: Sequence[Recalled]) -> int:

@@ -36,6 +36,7 @@ from contextledger.core.recall import (
     with_hops,
     with_neighbours,
 )
+from contextledger.core.tokens import TokenCounter, get_counter
 from contextledger.core.units import result_ids, tool_calls
 from contextledger.core.view import ViewItem
 from contextledger.errors import ConfigError
@@ -56,50 +57,80 @@ WORDS = ("port", "gateway", "18443", "owner", "ops@acme.io", "deploy", "schema",
 
 
 DAYS = [datetime(2023, 5, d, 13, 56, tzinfo=UTC) for d in (8, 9, 25)]
+#: The counters a block is picked with: characters (rounding up), and a real BPE
+#: tokenizer, whose counts of joined text, digits and JSON differ from the parts'.
+COUNTERS = (COUNTER, get_counter("tiktoken", "gpt-4o"))
+#: A run of text a tokenizer takes one token a character or more: a clipped line's first
+#: 600 characters can cost far more than their share of the message's count.
+DENSE = "".join(chr(0x1F300 + (n * 37) % 256) for n in range(700))
 
 
 @st.composite
-def left_out(draw: st.DrawFn) -> list[Recalled]:
-    """Seq-ordered left-out messages: plain turns and tool units, with gaps in seq; either
-    all counted at append and dated (as the stores give them: the picker estimates from
-    the counts) or none (it counts each unit)."""
-    counted = draw(st.booleans())
+def left_out(draw: st.DrawFn, counter: TokenCounter) -> list[Recalled]:
+    """Seq-ordered left-out messages: plain turns (some named, some long enough to clip,
+    some dense), OpenAI and Anthropic tool units, content blocks, with gaps in seq, at
+    small seqs or six-digit ones; counted at append and dated (as the stores give them:
+    the picker estimates from the counts), or not, or some of each."""
+    counted = draw(st.sampled_from(["all", "none", "some"]))
     out: list[Recalled] = []
 
     def add(seq: int, message: dict[str, Any]) -> None:
-        if counted:
+        if counted == "all" or (counted == "some" and draw(st.booleans())):
             at = DAYS[draw(st.integers(0, len(DAYS) - 1))]
-            out.append(Recalled(seq, message, COUNTER.count_message(message), at))
+            out.append(Recalled(seq, message, counter.count_message(message), at))
         else:
             out.append(Recalled(seq, message))
 
-    seq = draw(st.integers(1, 5))
+    seq = draw(st.sampled_from([1, 3, 5, 135_791, 999_998]))
     for n in range(draw(st.integers(0, 12))):
         text = " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=30)))
         text *= draw(st.sampled_from([1, 1, 1, 12]))  # some past the line's clip
-        if draw(st.booleans()):
-            turn = {"role": draw(st.sampled_from(["user", "assistant"])), "content": text}
+        shape = draw(st.sampled_from(["turn", "turn", "dense", "blocks", "openai", "anthropic"]))
+        if shape in ("turn", "dense", "blocks"):
+            role = draw(st.sampled_from(["user", "assistant"]))
+            if shape == "dense":
+                content: Any = DENSE + " " * 2000
+            elif shape == "blocks":
+                content = [{"type": "text", "text": w} for w in text.split()[:40]]
+            else:
+                content = text
+            turn = {"role": role, "content": content}
             name = draw(st.sampled_from([None, None, "Caroline", "Ann [ops]\n", "Zoë " * 20]))
             add(seq, turn if name is None else {**turn, "name": name})
             seq += 1
         else:
             ids = [f"c{n}_{k}" for k in range(draw(st.integers(1, 3)))]
-            add(seq, openai_call([(i, "grep") for i in ids]))
+            if shape == "openai":
+                call = openai_call([(i, "grep") for i in ids])
+                for c in call["tool_calls"]:
+                    c["function"]["arguments"] = {w: n for n, w in enumerate(text.split()[:20])}
+                add(seq, call)
+            else:
+                call = anthropic_call([(i, "grep") for i in ids], text="Looking.")
+                for c in call["content"][1:]:
+                    c["input"] = {w: n for n, w in enumerate(text.split()[:20])}
+                add(seq, call)
             seq += 1
             for i in ids:
-                add(seq, openai_result(i, text))
+                if shape == "openai":
+                    add(seq, openai_result(i, text))
+                else:
+                    add(seq, anthropic_results([(i, [{"type": "text", "text": text}])]))
                 seq += 1
         seq += draw(st.integers(0, 2))  # a gap: something in the view, or on no branch
     return out
 
 
 @st.composite
-def recall_cases(draw: st.DrawFn) -> tuple[list[int], list[Recalled], int]:
-    messages = draw(left_out())
+def recall_cases(
+    draw: st.DrawFn,
+) -> tuple[list[int], list[Recalled], int, TokenCounter]:
+    counter = draw(st.sampled_from(COUNTERS))
+    messages = draw(left_out(counter))
     seqs = [m.seq for m in messages]
     ranked = draw(st.permutations(seqs)) if seqs else []
     ranked = ranked[: draw(st.integers(0, len(ranked)))]
-    return list(ranked), messages, draw(st.integers(0, 1200))
+    return list(ranked), messages, draw(st.integers(0, 1200)), counter
 
 
 def _unit_seqs(messages: list[Recalled]) -> dict[int, tuple[int, ...]]:
@@ -109,21 +140,18 @@ def _unit_seqs(messages: list[Recalled]) -> dict[int, tuple[int, ...]]:
 @settings(max_examples=examples(200), deadline=None)
 @given(recall_cases())
 def test_pick_keeps_budget_whole_units_order_and_is_deterministic(
-    case: tuple[list[int], list[Recalled], int],
+    case: tuple[list[int], list[Recalled], int, TokenCounter],
 ) -> None:
-    ranked, messages, budget = case
-    block = pick(ranked, messages, budget_tokens=budget, counter=COUNTER, query="q")
-    again = pick(ranked, list(reversed(messages)), budget_tokens=budget, counter=COUNTER, query="q")
+    ranked, messages, budget, counter = case
+    block = pick(ranked, messages, budget_tokens=budget, counter=counter, query="q")
+    again = pick(ranked, list(reversed(messages)), budget_tokens=budget, counter=counter, query="q")
     assert block == again  # input order of the fetched messages does not matter
     if block.message is None:
         assert block.seqs == () and block.tokens == 0
         return
-    # within budget, counted or estimated (from the lines' counts at append: an upper
-    # bound where no line is clipped)
-    real = COUNTER.count_message(block.message)
-    assert real <= budget and block.tokens <= budget
-    if "[...]" not in str(block.message["content"]):
-        assert real <= block.tokens
+    # within budget, counted or estimated (an upper bound of the count)
+    real = counter.count_message(block.message)
+    assert real <= block.tokens <= budget
     assert list(block.seqs) == sorted(block.seqs)  # original order
     units = _unit_seqs(messages)
     chosen = set(block.seqs)
@@ -139,11 +167,11 @@ def test_pick_keeps_budget_whole_units_order_and_is_deterministic(
 @settings(max_examples=examples(100), deadline=None)
 @given(recall_cases())
 def test_a_bigger_share_never_recalls_less_of_the_best_match(
-    case: tuple[list[int], list[Recalled], int],
+    case: tuple[list[int], list[Recalled], int, TokenCounter],
 ) -> None:
-    ranked, messages, budget = case
-    small = pick(ranked, messages, budget_tokens=budget, counter=COUNTER)
-    large = pick(ranked, messages, budget_tokens=budget * 4 + 400, counter=COUNTER)
+    ranked, messages, budget, counter = case
+    small = pick(ranked, messages, budget_tokens=budget, counter=counter)
+    large = pick(ranked, messages, budget_tokens=budget * 4 + 400, counter=counter)
     if ranked and small.seqs and ranked[0] in small.seqs:
         assert ranked[0] in large.seqs
 
