@@ -463,6 +463,9 @@ def _fixed(counter: TokenCounter, role: str, content: str = "", name: str = "") 
         return counter.count_message({"role": role, "content": content, "name": name})
 
 
+#: What clipping may add to a line's tokens: its marker (" [...]") and the word it cuts,
+#: which a tokenizer may split in more pieces than the whole word.
+CLIP_TOKENS = 8
 #: Tokens a line's head may take beyond the head counted for its role on the block's
 #: newest seq and latest date: another seq's digits and another day's date can take more
 #: in some tokenizers (Claude's: up to 2-3 on six digits, 1 on a date).
@@ -471,10 +474,13 @@ HEAD_SLACK = 3
 
 class _Costs:
     """Upper bounds of a line's tokens before the block is rendered. Its text: for plain
-    prose (a string content, no tool calls, not clipped: the line holds exactly the text
-    its message was counted with at append, ``Recalled.tokens``), that count less a
-    message's own overhead; for anything else (content blocks, tool calls, a clipped
-    line, no count), the line's text counted (at most ``MAX_LINE_CHARS``). Its head
+    prose (a string content, no tool calls: the line holds the text its message was
+    counted with at append, ``Recalled.tokens``, or a prefix of it), that count less a
+    message's own overhead (plus ``CLIP_TOKENS`` where it is clipped: a prefix estimated
+    by its share of the characters was ~16x under for dense text before a sparse tail);
+    for anything else (content blocks, tool calls, no count), the line's text counted
+    (at most ``MAX_LINE_CHARS``: tokenizing every clipped line instead cost ~2 ms a
+    request of `bench/turns.py`). Its head
     ("[#seq date role] " and the line break): counted once per role on the block's
     newest seq and latest date, with and without the date, plus ``HEAD_SLACK``."""
 
@@ -513,15 +519,12 @@ class _Costs:
     def body(self, rec: Recalled) -> int:
         message = rec.message
         content = message.get("content")
-        if (
-            rec.tokens
-            and type(content) is str
-            and message.get("tool_calls") is None
-            and len(content) <= MAX_LINE_CHARS
-        ):
+        if rec.tokens and type(content) is str and message.get("tool_calls") is None:
             name = speaker(message) or ""  # (at least what the count held of the name)
             overhead = _fixed(self._counter, str(message.get("role", "")), "", name)
-            return max(0, rec.tokens - overhead)
+            body = max(0, rec.tokens - overhead)
+            # a clipped line is a prefix of the text counted, and its marker
+            return body + CLIP_TOKENS if len(content) > MAX_LINE_CHARS else body
         text = _clipped(message_text(message))
         return self._counter.count_message({"role": "user", "content": text}) - self._empty
 
