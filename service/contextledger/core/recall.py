@@ -463,8 +463,9 @@ def _fixed(counter: TokenCounter, role: str, content: str = "", name: str = "") 
         return counter.count_message({"role": role, "content": content, "name": name})
 
 
-#: What clipping may add to a line's tokens: its marker (" [...]") and the word it cuts,
-#: which a tokenizer may split in more pieces than the whole word.
+#: What clipping may add to a line's tokens over its message's: its marker (" [...]", 3 in
+#: o200k) and the word it cuts (1 more at most in o200k, measured on text just past the
+#: clip; a tokenizer may split a word's prefix finer), with room to spare.
 CLIP_TOKENS = 8
 #: Tokens a line's head may take beyond the head counted for its role on the block's
 #: newest seq and latest date: another seq's digits and another day's date can take more

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from contextledger.core.config import ContextConfig
 from contextledger.core.recall import (
+    MAX_LINE_CHARS,
     RECALL_OPEN,
     ROOM_KINDS,
     RRF_K,
@@ -85,11 +86,15 @@ def left_out(draw: st.DrawFn, counter: TokenCounter) -> list[Recalled]:
     for n in range(draw(st.integers(0, 12))):
         text = " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=30)))
         text *= draw(st.sampled_from([1, 1, 1, 12]))  # some past the line's clip
-        shape = draw(st.sampled_from(["turn", "turn", "dense", "blocks", "openai", "anthropic"]))
-        if shape in ("turn", "dense", "blocks"):
+        shape = draw(
+            st.sampled_from(["turn", "turn", "dense", "edge", "blocks", "openai", "anthropic"])
+        )
+        if shape in ("turn", "dense", "edge", "blocks"):
             role = draw(st.sampled_from(["user", "assistant"]))
             if shape == "dense":
                 content: Any = DENSE + " " * 2000
+            elif shape == "edge":  # just past the clip: the line is the text bar a letter
+                content = ("word " * 200)[: MAX_LINE_CHARS - 1] + " x"
             elif shape == "blocks":
                 content = [{"type": "text", "text": w} for w in text.split()[:40]]
             else:
