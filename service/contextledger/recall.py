@@ -42,6 +42,7 @@ from contextledger.core.recall import (
     recall_budget,
     room_start,
     search_text,
+    strong_matches,
     with_hops,
     with_neighbours,
 )
@@ -251,9 +252,7 @@ async def _recall(q: _Search) -> RecallBlock:
     # the hop was found through) among the first ``max_matches`` (a hybrid's fused list
     # holds both rankers' candidates), before the weak ones; the rest after everything
     if hops:
-        best = max(score for _, score in matches)
-        strong = {seq for seq, score in matches if score >= STRONG * best}
-        strong.intersection_update(ranked[: config.max_matches])
+        strong = strong_matches(matches, ranked[: config.max_matches], share=STRONG)
         order = with_hops(order, hops, strong, first=HOP_FIRST)
     return pick(order, messages, budget_tokens=q.budget_tokens, counter=q.counter, query=query)
 

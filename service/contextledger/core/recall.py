@@ -329,6 +329,18 @@ def fuse(rankings: Sequence[Sequence[int]], *, k: int = RRF_K) -> list[int]:
     return sorted(scores, key=lambda seq: (-scores[seq], -seq))
 
 
+def strong_matches(
+    matches: Sequence[tuple[int, float]], kept: Sequence[int], *, share: float
+) -> set[int]:
+    """The lexical matches a second hop was found through: those scoring at least ``share``
+    of the best (a hop's own finds score below 0), among ``kept`` (a hybrid's fused first
+    ``max_matches``: the fused list holds both rankers' candidates, and a strong match far
+    down it would put the hop's best below most of the embedding's finds)."""
+    best = max((score for _, score in matches), default=0.0)
+    among = set(kept)
+    return {seq for seq, score in matches if 0 < share * best <= score and seq in among}
+
+
 def with_hops(
     order: Sequence[int], hops: Sequence[int], strong: Collection[int], *, first: int
 ) -> list[int]:

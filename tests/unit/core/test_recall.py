@@ -33,6 +33,7 @@ from contextledger.core.recall import (
     query_text,
     room_start,
     speaker,
+    strong_matches,
     units_of,
     with_hops,
     with_neighbours,
@@ -571,6 +572,16 @@ def test_a_lexical_best_the_embeddings_missed_is_not_buried_by_their_agreement()
     fused = fuse([[99, *shared], shared])
     assert fused.index(99) <= 7
     assert fused[0] == 1  # agreement still counts: first on both lists is first
+
+
+def test_a_hop_follows_the_strong_matches_the_fused_first_matches_hold() -> None:
+    matches = [(10, 4.0), (20, 3.0), (30, 1.0), (40, 3.5), (7, -1.0)]  # 7: the hop's
+    fused = [10, 5, 20, 6, 30, 11, 12, 40]  # 40 strong, but below the first four
+    strong = strong_matches(matches, fused[:4], share=0.5)
+    assert strong == {10, 20}
+    assert with_hops(fused, [7], strong, first=1)[:6] == [10, 5, 20, 7, 6, 30]
+    assert strong_matches(matches, fused, share=0.5) == {10, 20, 40}
+    assert strong_matches([], [1], share=0.5) == set()
 
 
 def test_a_second_hop_goes_after_the_strong_matches_wherever_a_fusion_put_them() -> None:
