@@ -490,12 +490,13 @@ class _Costs:
     prose (a string content, no tool calls: the line holds the text its message was
     counted with at append, ``Recalled.tokens``, or a prefix of it), that count less a
     message's own overhead (plus ``CLIP_TOKENS`` where it is clipped: a prefix estimated
-    by its share of the characters was ~16x under for dense text before a sparse tail);
-    for anything else (content blocks, tool calls, no count), the line's text counted
-    (at most ``MAX_LINE_CHARS``: tokenizing every clipped line instead cost ~2 ms a
-    request of `bench/turns.py`). Its head
-    ("[#seq date role] " and the line break): counted once per role on the block's
-    newest seq and latest date, with and without the date, plus ``HEAD_SLACK``."""
+    by its share of the characters was ~16x under for dense text before a sparse tail),
+    while that is at most half a token a character the line shows; for anything else
+    (content blocks, tool calls, no count, a count far above the line's text), the line's
+    text counted (at most ``MAX_LINE_CHARS``: tokenizing every clipped line of
+    `bench/turns.py` cost ~2 ms a request). Its head ("[#seq date role] " and the line
+    break): counted once per role on the block's newest seq and latest date, with and
+    without the date, plus ``HEAD_SLACK``."""
 
     def __init__(self, counter: TokenCounter, recs: Sequence[Recalled]) -> None:
         self._counter = counter
@@ -537,7 +538,11 @@ class _Costs:
             overhead = _fixed(self._counter, str(message.get("role", "")), "", name)
             body = max(0, rec.tokens - overhead)
             # a clipped line is a prefix of the text counted, and its marker
-            return body + CLIP_TOKENS if len(content) > MAX_LINE_CHARS else body
+            body += CLIP_TOKENS if len(content) > MAX_LINE_CHARS else 0
+            if body <= min(len(content), MAX_LINE_CHARS) // 2 + CLIP_TOKENS:
+                return body
+            # the count held far more than the line shows (a long text clipped, a
+            # reasoning model's thoughts, a dense script): the line is counted
         text = _clipped(message_text(message))
         return self._counter.count_message({"role": "user", "content": text}) - self._empty
 

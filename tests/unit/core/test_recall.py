@@ -516,6 +516,21 @@ def test_a_tight_block_is_filled_to_its_budget() -> None:
     assert len(block.seqs) < len(recs)
 
 
+def test_a_long_result_or_a_long_thought_is_a_short_line_and_fits_a_tight_block() -> None:
+    """A message counted at append far above what its line shows (a tool's 20,000
+    characters of output, clipped to 600; a reasoning model's thoughts, not shown) is
+    recalled where its line fits, not where its count would."""
+    tokens = get_counter("tiktoken", "gpt-4o")
+    output = openai_result("c1", "the build passed on port 18443 " * 650)
+    thought = {"role": "assistant", "content": "Port 18443.", "reasoning_content": "hm " * 4000}
+    recs = [Recalled(7, m, tokens.count_message(m), DAYS[0]) for m in (output,)]
+    recs.append(Recalled(9, thought, tokens.count_message(thought), DAYS[0]))
+    assert min(r.tokens for r in recs) > 4000
+    block = pick([7, 9], recs, budget_tokens=400, counter=tokens)
+    assert block.seqs == (7, 9) and "[...]" in str(block.message and block.message["content"])
+    assert tokens.count_message(block.message or {}) <= block.tokens <= 400
+
+
 def test_a_line_names_its_speaker_as_a_line_can_carry_it() -> None:
     assert speaker({"role": "user", "name": "Caroline"}) == "Caroline"
     assert speaker({"role": "user", "name": " Ann ] [ops]\n\t x "}) == "Ann ops x"
