@@ -501,8 +501,8 @@ class _Costs:
     def __init__(self, counter: TokenCounter, recs: Sequence[Recalled]) -> None:
         self._counter = counter
         self._seq = max((r.seq for r in recs), default=0)
-        days = [r.at for r in recs if r.at is not None]
-        self._day = max(days).date().isoformat() if days else "2000-01-01"
+        days = [r.at.date() for r in recs if r.at is not None]  # (naive and aware alike)
+        self._day = max(days).isoformat() if days else "2000-01-01"
         self._empty = _fixed(counter, "user")
         self._lines: dict[int, tuple[int, int]] = {}  # seq: its line undated, dated
         self._heads: dict[tuple[str, bool], int] = {}
@@ -581,6 +581,10 @@ def pick(
     (``bench/conversations.py``, 10%).
     """
     ordered = sorted({m.seq: m for m in messages}.values(), key=lambda m: m.seq)
+
+    def block(units: Sequence[tuple[Recalled, ...]]) -> dict[str, Any]:
+        return _render(_lines([rec for unit in units for rec in unit]))
+
     unit_of: dict[int, tuple[Recalled, ...]] = {}
     for unit in units_of(ordered):
         for rec in unit:
@@ -593,15 +597,20 @@ def pick(
     cost_of: dict[int, int] = {}
     left: list[int] = []  # what the last pass left for want of room
 
+    best = next((unit_of[seq] for seq in ranked if seq in unit_of), None)
+
     def take(used: int, scale: float | None = None) -> None:
         """Add the best-ranked units not chosen yet that fit beside ``used`` tokens, each
-        at its cost (``scale``: undated, times that)."""
+        at its cost (``scale``: undated, times that); the best unit at its count, so a
+        bigger budget never leaves it out where a smaller one took it."""
         left.clear()
         for seq in ranked:
             unit = unit_of.get(seq)
             if unit is None or unit[0].seq in chosen:
                 continue
-            if scale is None:
+            if unit is best and not chosen:
+                cost = counter.count_message(block([unit])) - frame
+            elif scale is None:
                 cost = costs.unit(unit)
             else:
                 cost = math.ceil(costs.unit(unit, dated=False) * scale)
@@ -614,9 +623,6 @@ def pick(
 
     def estimate() -> int:
         return costs.block(frame, [r for k in sorted(chosen) for r in chosen[k]])
-
-    def block(units: list[tuple[Recalled, ...]]) -> dict[str, Any]:
-        return _render(_lines([rec for unit in units for rec in unit]))
 
     take(frame)
     if not chosen:
@@ -632,17 +638,22 @@ def pick(
         # again (~1 ms per 2,000 tokens, on every request past the budget).
         return RecallBlock(message, tuple(r.seq for u in units for r in u), used, query)
     tokens = counter.count_message(message)
+    late: set[int] = set()  # what the third pass added: shed first
     if left and tokens < used:  # counted: the room the estimates took, at undated costs
-        before = len(chosen)  # as the count scales them (a unit that runs over is shed)
+        before = set(chosen)  # as the count scales them (a unit that runs over is shed)
         take(tokens, (tokens - frame) / (used - frame))
-        if len(chosen) > before:
+        late = set(chosen) - before
+        if late:
             units = [chosen[k] for k in sorted(chosen)]
             message = block(units)
             tokens = counter.count_message(message)
     while tokens > budget_tokens and len(units) > 1:  # per-line estimates ran over: shed
-        excess = tokens - budget_tokens  # the worst-ranked units, as many as cover it
-        while excess > 0 and len(units) > 1:
-            worst = max(range(len(units)), key=lambda i: ranked_pos(ranked, units[i]))
+        excess = tokens - budget_tokens  # the third pass's, then the worst-ranked units,
+        while excess > 0 and len(units) > 1:  # as many as cover it
+            worst = max(
+                range(len(units)),
+                key=lambda i: (units[i][0].seq in late, ranked_pos(ranked, units[i])),
+            )
             excess -= cost_of[units.pop(worst)[0].seq]
         message = block(units)
         tokens = counter.count_message(message)

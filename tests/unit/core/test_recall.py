@@ -170,14 +170,16 @@ def test_pick_keeps_budget_whole_units_order_and_is_deterministic(
     assert all(f"[#{s} " in content for s in block.seqs)  # each line marked with its seq
 
 
-@settings(max_examples=examples(100), deadline=None)
-@given(recall_cases())
+@settings(max_examples=examples(200), deadline=None)
+@given(recall_cases(), st.integers(1, 400))
 def test_a_bigger_share_never_recalls_less_of_the_best_match(
-    case: tuple[list[int], list[Recalled], int, TokenCounter],
+    case: tuple[list[int], list[Recalled], int, TokenCounter], more: int
 ) -> None:
+    # (a token more, too: the best unit is taken at its count, not its estimate, so the
+    # passes that fill a block near its budget never let it in below a budget it misses)
     ranked, messages, budget, counter = case
     small = pick(ranked, messages, budget_tokens=budget, counter=counter)
-    large = pick(ranked, messages, budget_tokens=budget * 4 + 400, counter=counter)
+    large = pick(ranked, messages, budget_tokens=budget + more, counter=counter)
     if ranked and small.seqs and ranked[0] in small.seqs:
         assert ranked[0] in large.seqs
 
@@ -514,6 +516,36 @@ def test_a_tight_block_is_filled_to_its_budget() -> None:
     line = max(COUNTER.count_message(user(t)) for t in said)
     assert real > budget - line  # no line left that would have fit
     assert len(block.seqs) < len(recs)
+
+
+def test_once_the_best_match_fits_every_bigger_budget_takes_it() -> None:
+    tokens = get_counter("tiktoken", "gpt-4o")
+    texts = {1003: "quantum the some", 1004: "brown", 1006: "quick more fox zebra " * 15}
+    day = {1003: DAYS[0], 1004: DAYS[0], 1006: DAYS[1]}
+    recs = [
+        Recalled(s, assistant(t), tokens.count_message(assistant(t)), day[s])
+        for s, t in texts.items()
+    ]
+    taken = [
+        1006 in pick([1006, 1003, 1004], recs, budget_tokens=b, counter=tokens).seqs
+        for b in range(100, 200)
+    ]
+    assert True in taken and taken == sorted(taken)  # never again without it, once in
+
+
+def test_what_the_last_pass_adds_is_shed_before_what_fitted_without_it() -> None:
+    """The last pass adds lines at the costs the count scales (here the short lines'): a
+    dense line it lets in runs over, and goes again first, not the lines that fitted."""
+    tokens = get_counter("tiktoken", "gpt-4o")
+    dense = "我们昨天在会议上讨论了新的项目计划以及预算安排大家都同意下周开始" * 3
+    texts = {10: "ok", 12: dense[:80], 14: "yes", 16: "fine"}
+    recs = [Recalled(s, user(t), tokens.count_message(user(t)), DAYS[0]) for s, t in texts.items()]
+    for budget in range(60, 160):
+        block = pick(list(texts), recs, budget_tokens=budget, counter=tokens)
+        fits = [s for s in (10, 14, 16) if s in block.seqs]
+        alone = pick([10, 14, 16], recs, budget_tokens=budget, counter=tokens)
+        assert fits == list(alone.seqs) or 12 in block.seqs, budget
+        assert block.message is None or tokens.count_message(block.message) <= budget
 
 
 def test_a_long_result_or_a_long_thought_is_a_short_line_and_fits_a_tight_block() -> None:
