@@ -8,7 +8,7 @@ import operator
 import re
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -326,6 +326,22 @@ async def test_hybrid_recall_finds_by_embedding_where_pgvector_exists(
     assert len(fake_llm.embedded) == calls
 
 
+async def kestrels(
+    ledger: Ledger, fake: FakeLLM, sid: str, *, max_matches: int, near: Sequence[str] = ()
+) -> Session:
+    """A hybrid session: the fact only the embedding finds (``HIDDEN``), then ``near``,
+    then chatter with eight kestrel sightings, and the question about the kestrel."""
+    recall = {**hybrid(fake), "max_matches": max_matches}
+    session = await ledger.session(sid, config={"token_counter": "chars", "recall": recall})
+    for text in (HIDDEN, *near):
+        await session.add_message({"role": "user", "content": text})
+    for i in range(8):
+        await chatter(session, 4, start=10 * i)
+        await session.add_message({"role": "user", "content": f"Saw a kestrel again, number {i}."})
+    await session.add_message({"role": "user", "content": "So where was it, kestrel?"})
+    return session
+
+
 async def test_hybrid_brings_what_only_the_embedding_found_beside_lexical_matches(
     pg_ledger: Ledger, fake_llm: FakeLLM
 ) -> None:
@@ -334,14 +350,7 @@ async def test_hybrid_brings_what_only_the_embedding_found_beside_lexical_matche
     # embedding finds: fused, the fact ranks among the first, and its message must be read
     # (a request whose lexical search had found as many messages, neighbours counted, as
     # the fused list held skipped that read and lost every embedding-only find).
-    recall = {**hybrid(fake_llm), "max_matches": 5}
-    session = await pg_ledger.session("hk", config={"token_counter": "chars", "recall": recall})
-    await session.add_message({"role": "user", "content": HIDDEN})
-    for i in range(8):
-        await chatter(session, 4, start=10 * i)
-        await session.add_message({"role": "user", "content": f"Saw a kestrel again, number {i}."})
-    ask = "So where was it, kestrel?"
-    await session.add_message({"role": "user", "content": ask})
+    session = await kestrels(pg_ledger, fake_llm, "hk", max_matches=5)
     sent = await session.get_messages_for_request(token_budget=3000)
     (block,) = recall_blocks(sent)
     assert "kestrel" in block  # the lexical matches
@@ -359,15 +368,8 @@ async def test_hybrid_keeps_each_ranker_s_candidates_where_the_block_has_room(
     # fact is the embedding's fourth find, below three turns of nothing but stop words
     # that are nearer the question. Fused, it ranks seventh or eighth: the block has room
     # for it. Cut to ``max_matches`` (4) after the fusion, it was lost.
-    recall = {**hybrid(fake_llm), "max_matches": 4}
-    session = await pg_ledger.session("hr", config={"token_counter": "chars", "recall": recall})
-    await session.add_message({"role": "user", "content": HIDDEN})
-    for near in ("So, where was it then?", "Where was it, so?", "So it was where, then?"):
-        await session.add_message({"role": "user", "content": near})
-    for i in range(8):
-        await chatter(session, 4, start=10 * i)
-        await session.add_message({"role": "user", "content": f"Saw a kestrel again, number {i}."})
-    await session.add_message({"role": "user", "content": "So where was it, kestrel?"})
+    near = ("So, where was it then?", "Where was it, so?", "So it was where, then?")
+    session = await kestrels(pg_ledger, fake_llm, "hr", max_matches=4, near=near)
     sent = await session.get_messages_for_request(token_budget=3000)
     (block,) = recall_blocks(sent)
     assert block.count("kestrel") >= 4  # the lexical matches (and the embedding's)

@@ -595,15 +595,17 @@ def pick(
     costs = _Costs(counter, ordered)
     chosen: dict[int, tuple[Recalled, ...]] = {}
     cost_of: dict[int, int] = {}
-    left: list[int] = []  # what the last pass left for want of room
-
     best = next((unit_of[seq] for seq in ranked if seq in unit_of), None)
 
-    def take(used: int, scale: float | None = None) -> None:
+    def in_order() -> list[tuple[Recalled, ...]]:
+        return [chosen[k] for k in sorted(chosen)]
+
+    def take(used: int, scale: float | None = None) -> bool:
         """Add the best-ranked units not chosen yet that fit beside ``used`` tokens, each
         at its cost (``scale``: undated, times that); the best unit at its count, so a
-        bigger budget never leaves it out where a smaller one took it."""
-        left.clear()
+        bigger budget never leaves it out where a smaller one took it. Whether it left
+        any for want of room."""
+        left = False
         for seq in ranked:
             unit = unit_of.get(seq)
             if unit is None or unit[0].seq in chosen:
@@ -619,19 +621,20 @@ def pick(
                 cost_of[unit[0].seq] = cost
                 used += cost
             else:
-                left.append(seq)
+                left = True
+        return left
 
     def estimate() -> int:
-        return costs.block(frame, [r for k in sorted(chosen) for r in chosen[k]])
+        return costs.block(frame, [r for unit in in_order() for r in unit])
 
-    take(frame)
+    left = take(frame)
     if not chosen:
         return RecallBlock(None, (), 0, query)
     used = estimate()
     if left:  # the block as dated, and what the dates left
-        take(used)
+        left = take(used)
         used = estimate()
-    units = [chosen[k] for k in sorted(chosen)]
+    units = in_order()
     message = block(units)
     if used <= budget_tokens * EXACT_ABOVE:
         # The estimate is an upper bound: the block fits without tokenizing it whole
@@ -644,7 +647,7 @@ def pick(
         take(tokens, (tokens - frame) / (used - frame))
         late = set(chosen) - before
         if late:
-            units = [chosen[k] for k in sorted(chosen)]
+            units = in_order()
             message = block(units)
             tokens = counter.count_message(message)
     while tokens > budget_tokens and len(units) > 1:  # per-line estimates ran over: shed
